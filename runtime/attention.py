@@ -1,0 +1,81 @@
+"""Attention backends: one interface, two implementations (torch here, triton in attn_triton).
+
+A backend is told about a batch once per forward (`init_forward_metadata`), then called per
+layer with this step's q/k/v. It writes the new K/V into the pool at fb.out_cache_loc and
+attends each new token causally over its request's whole context (fb.kv_indices).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .forward_batch import ForwardBatch
+from .memory import KVPool
+
+
+class AttentionBackend(Protocol):
+    def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        layer_id: int,
+        fb: ForwardBatch,
+        pool: KVPool,
+        sm_scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...
+
+
+class TorchAttnBackend:
+    """Pads the batch to [B, max_new, max_ctx] and runs one scaled_dot_product_attention."""
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        device = fb.input_ids.device
+        max_new, max_ctx = max(fb.extend_lens_cpu), max(fb.seq_lens_cpu)
+        seq_lens, prefix_lens = fb.seq_lens.long(), fb.prefix_lens.long()
+        ctx_col = torch.arange(max_ctx, device=device)
+        new_col = torch.arange(max_new, device=device)
+        is_ctx = ctx_col[None, :] < seq_lens[:, None]  # [B, max_ctx]
+        self.is_new = new_col[None, :] < fb.extend_lens.long()[:, None]  # [B, max_new]
+        # kv_indices is the row-major concatenation of each request's context.
+        self.kv_slots = torch.zeros(is_ctx.shape, dtype=torch.long, device=device)
+        self.kv_slots[is_ctx] = fb.kv_indices.long()
+        q_pos = prefix_lens[:, None] + new_col[None, :]  # [B, max_new]
+        mask = (ctx_col[None, None, :] <= q_pos[:, :, None]) & is_ctx[:, None, :]
+        # Padding query rows see slot 0 so softmax stays finite; their output is dropped.
+        mask[:, :, 0] |= ~self.is_new
+        self.mask = mask[:, None]  # [B, 1, max_new, max_ctx]
+
+    def forward(self, q, k, v, layer_id, fb, pool, sm_scale):
+        pool.write(layer_id, fb.out_cache_loc, k, v)
+        B, max_new = self.is_new.shape
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        q_pad = q.new_zeros((B, max_new, num_heads, head_dim))
+        q_pad[self.is_new] = q
+        k_ctx = pool.k[layer_id][self.kv_slots].to(q.dtype)  # [B, max_ctx, num_kv_heads, head_dim]
+        v_ctx = pool.v[layer_id][self.kv_slots].to(q.dtype)
+        o = F.scaled_dot_product_attention(
+            q_pad.transpose(1, 2),
+            k_ctx.transpose(1, 2),
+            v_ctx.transpose(1, 2),
+            attn_mask=self.mask,
+            scale=sm_scale,
+            enable_gqa=True,
+        )  # [B, num_heads, max_new, head_dim]
+        return o.transpose(1, 2)[self.is_new]
+
+
+def make_attention_backend(name: str) -> AttentionBackend:
+    if name == "torch":
+        return TorchAttnBackend()
+    if name == "triton":
+        from .attn_triton import TritonAttnBackend
+
+        return TritonAttnBackend()
+    raise ValueError(f"unknown attention_backend {name!r}; expected 'torch' or 'triton'")

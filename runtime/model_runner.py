@@ -1,0 +1,64 @@
+"""ModelRunner: the model plus the KV memory it writes, sized from the engine's budget."""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import make_attention_backend
+from .config import EngineConfig
+from .forward_batch import ForwardBatch
+from .loader import DTYPES, LoadedModel
+from .memory import KVPool, ReqToTokenPool, SlotAllocator
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel):
+        self.cfg = cfg
+        self.model = loaded.model
+        mc = loaded.config
+        self.dtype = DTYPES[cfg.dtype]
+        self.device = torch.device(cfg.device)
+        self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)
+        per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        num_slots = cfg.max_total_tokens or (cfg.kv_cache_mb << 20) // per_slot
+        num_slots = max(num_slots, 2 * cfg.page_size)
+        self.kv_pool = KVPool(
+            num_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
+        )
+        # Retracted requests keep no row, so running requests bound the rows needed.
+        self.req_to_token_pool = ReqToTokenPool(
+            cfg.max_running_requests, self.context_len + cfg.page_size, self.device
+        )
+        self.allocator = SlotAllocator(num_slots, cfg.page_size)
+        self.attn = make_attention_backend(cfg.resolved_attention_backend)
+
+    @property
+    def num_slots(self) -> int:
+        return self.kv_pool.num_slots
+
+    def build_batch(
+        self,
+        req_pool_idx: list[int],
+        prefix_lens: list[int],
+        input_ids: list[list[int]],
+        out_cache_loc: list[int],
+        logit_rows: list[list[int]] | None = None,
+    ) -> ForwardBatch:
+        """Record each request's new slots in req_to_token, then pack the step."""
+        start = 0
+        for row, prefix, ids in zip(req_pool_idx, prefix_lens, input_ids):
+            self.req_to_token_pool.write(row, prefix, out_cache_loc[start : start + len(ids)])
+            start += len(ids)
+        return ForwardBatch.build(
+            self.req_to_token_pool.req_to_token,
+            req_pool_idx,
+            prefix_lens,
+            input_ids,
+            torch.tensor(out_cache_loc, dtype=torch.int32),
+            logit_rows,
+            self.device,
+        )
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits [num_logit_rows, vocab] for one step."""
+        return self.model(fb, self.kv_pool, self.attn)

@@ -1,0 +1,85 @@
+"""Building blocks of a decoder, each linear written so tensor parallelism swaps one class.
+
+Linear layers hold the full (tp_size=1) weight today; `load_weight` is the one place a
+sharded layer would slice its part. RMSNorm and rotary embedding follow HF Llama exactly
+(rotate-half RoPE, inv_freq and angles in float32) so float64 runs match bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b). Column/row parallel variants override load_weight and forward."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several linears sharing an input, stored stacked along the output (q|k|v, gate|up)."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, dtype: torch.dtype):
+        super().__init__(in_features, sum(out_sizes), bias, dtype)
+        self.out_sizes = out_sizes
+
+    def part(self, idx: int, name: str) -> torch.Tensor:
+        start = sum(self.out_sizes[:idx])
+        return getattr(self, name)[start : start + self.out_sizes[idx]]
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, dim, dtype=dtype), False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As HF Llama: normalize in float32 (even for float64 models), scale in the model dtype.
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for positions 0..max_position-1, rotate-half layout."""
+
+    def __init__(self, head_dim: int, theta: float, max_position: int, dtype: torch.dtype):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        pos = torch.arange(max_position, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]  # [max_position, head_dim / 2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: [num_tokens, num_heads, head_dim]; k: [num_tokens, num_kv_heads, head_dim]
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

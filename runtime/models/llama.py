@@ -1,0 +1,152 @@
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2-style qkv bias) over a ForwardBatch.
+
+Parameter names follow HF checkpoints except the merged q|k|v and gate|up projections;
+`load_weights` maps checkpoint tensors onto them strictly (each exactly once, none unknown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttentionBackend
+from ..forward_batch import ForwardBatch
+from ..memory import KVPool
+from ..model_config import ModelConfig
+from .layers import Embedding, Linear, MergedLinear, RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = MergedLinear(cfg.hidden_size, [q_size, kv_size, kv_size], cfg.qkv_bias, dtype)
+        self.o_proj = Linear(q_size, cfg.hidden_size, cfg.o_bias, dtype)
+        self.sm_scale = cfg.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        fb: ForwardBatch,
+        pool: KVPool,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        # x: [num_tokens, hidden]
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        q, k = rope(fb.positions, q, k)
+        o = attn.forward(q, k, v, self.layer_id, fb, pool, self.sm_scale)
+        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        inter = cfg.intermediate_size
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, [inter, inter], cfg.mlp_bias, dtype)
+        self.down_proj = Linear(inter, cfg.hidden_size, cfg.mlp_bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = Attention(cfg, layer_id, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(self, x, rope, fb, pool, attn):
+        x = x + self.self_attn(self.input_layernorm(x), rope, fb, pool, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(
+            cfg.hidden_size, cfg.vocab_size, False, dtype
+        )
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend) -> torch.Tensor:
+        """Logits for the rows fb.logits_idx: [num_logit_rows, vocab_size] (float32 or wider)."""
+        attn.init_forward_metadata(fb)
+        x = self.embed_tokens(fb.input_ids)
+        for layer in self.layers:
+            x = layer(x, self.rope, fb, pool, attn)
+        x = self.norm(x[fb.logits_idx])
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(x, w)
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown."""
+        targets = self._checkpoint_targets()
+        seen: set[str] = set()
+        for name, tensor in tensors:
+            if name not in targets:
+                raise ValueError(f"unknown tensor {name!r} in checkpoint")
+            if name in seen:
+                raise ValueError(f"tensor {name!r} appears twice in checkpoint")
+            dst = targets[name]
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
+                )
+            dst.copy_(tensor)
+            seen.add(name)
+        missing = sorted(set(targets) - seen)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def _checkpoint_targets(self) -> dict[str, torch.Tensor]:
+        """HF checkpoint name -> the (view of the) parameter it fills."""
+        t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": self.embed_tokens.weight.data}
+        t["model.norm.weight"] = self.norm.weight.data
+        if self.lm_head is not None:
+            t["lm_head.weight"] = self.lm_head.weight.data
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            t[p + "input_layernorm.weight"] = layer.input_layernorm.weight.data
+            t[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
+            kinds = ["weight"] + (["bias"] if attn.qkv_proj.bias is not None else [])
+            for kind in kinds:
+                for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+                    t[f"{p}self_attn.{proj}.{kind}"] = attn.qkv_proj.part(j, kind).data
+            _add_linear(t, p + "self_attn.o_proj", attn.o_proj)
+            kinds = ["weight"] + (["bias"] if mlp.gate_up_proj.bias is not None else [])
+            for kind in kinds:
+                for j, proj in enumerate(("gate_proj", "up_proj")):
+                    t[f"{p}mlp.{proj}.{kind}"] = mlp.gate_up_proj.part(j, kind).data
+            _add_linear(t, p + "mlp.down_proj", mlp.down_proj)
+        return t
+
+
+def _add_linear(t: dict[str, torch.Tensor], prefix: str, lin: Linear) -> None:
+    t[prefix + ".weight"] = lin.weight.data
+    if lin.bias is not None:
+        t[prefix + ".bias"] = lin.bias.data
