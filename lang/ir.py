@@ -1,0 +1,252 @@
+"""The expressions a program appends to its state: text, gen, select, roles, variable scopes.
+
+Expressions are inert values; `s += expr` hands them to the interpreter. `a + b` of an expression
+and a str (or two expressions) is an ExprList, so `"Answer: " + gen("x")` works as in SGLang.
+The constructors here validate user input at the boundary and name the bad value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .choices import ChoicesSamplingMethod, token_length_normalized
+from .constraints import choices_regex, dtype_regex, schema_to_json
+from .sampling import SamplingParams
+
+
+class Expr:
+    """Base of everything `s += ...` accepts besides str."""
+
+    __slots__ = ()
+
+    def __add__(self, other: Expr | str) -> ExprList:
+        return ExprList([self, to_expr(other)])
+
+    def __radd__(self, other: Expr | str) -> ExprList:
+        return ExprList([to_expr(other), self])
+
+
+@dataclass(slots=True, eq=False)
+class Constant(Expr):
+    text: str
+
+
+@dataclass(slots=True, eq=False)
+class Gen(Expr):
+    name: str | None
+    params: SamplingParams
+    dtype: type | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Select(Expr):
+    name: str | None
+    choices: list[str]
+    method: ChoicesSamplingMethod
+
+
+@dataclass(slots=True, eq=False)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(slots=True, eq=False)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(slots=True, eq=False)
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass(slots=True, eq=False)
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass(slots=True, eq=False)
+class ExprList(Expr):
+    exprs: list[Expr] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class ProgramCall(Expr):
+    """`other_program(args)` written inside a program: its body runs inline on the caller's `s`."""
+
+    program: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass(slots=True, eq=False)
+class CachePrefix(Expr):
+    """Prefill the state's text on the runtime (a `max_new_tokens: 0` request) before a fork."""
+
+
+@dataclass(slots=True, eq=False)
+class ConcatAndAppend(Expr):
+    """Append each fork branch's own text (what it added after the fork) to the parent."""
+
+    branches: list[Any]
+
+
+def to_expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Constant(value)
+    raise TypeError(
+        f"cannot append {type(value).__name__} {value!r} to a program state; "
+        "append a str, gen(...), select(...), a role, or a program call"
+    )
+
+
+def flatten(value: Any) -> list[Expr]:
+    """`value` as a flat list of primitive expressions, in order."""
+    expr = to_expr(value)
+    if not isinstance(expr, ExprList):
+        return [expr]
+    return [leaf for child in expr.exprs for leaf in flatten(child)]
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+    choices: Sequence[str] | None = None,
+    dtype: type | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    n: int | None = None,
+) -> Gen:
+    """Generate text and capture it as `name` (a list of n texts when n > 1).
+
+    At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model class),
+    `choices` (constrained to exactly one of the strings) or `dtype` (int, float, bool, str; the
+    captured value is parsed to that type). Unset options take the program-level defaults.
+    """
+    _check_name(name)
+    given = [k for k, v in [("regex", regex), ("json_schema", json_schema), ("choices", choices),
+                            ("dtype", dtype)] if v is not None]  # fmt: skip
+    if len(given) > 1:
+        raise ValueError(f"gen takes at most one of regex/json_schema/choices/dtype, got {given}")
+    if choices is not None:
+        regex = choices_regex(choices)
+    elif dtype is not None:
+        regex = dtype_regex(dtype)
+    params = SamplingParams(
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        stop=list(stop) if isinstance(stop, list | tuple) else stop,
+        stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        n=n,
+        regex=regex,
+        json_schema=None if json_schema is None else schema_to_json(json_schema),
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+    )
+    return Gen(name=name, params=params, dtype=dtype)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Gen:
+    """gen(..., dtype=int): the captured value is an int."""
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Gen:
+    """gen(..., dtype=str): a JSON string literal, captured as the str it denotes."""
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(
+    name: str | None = None,
+    choices: Sequence[str] | None = None,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> Select:
+    """Append the choice the model scores highest, capturing it as `name`.
+
+    Each choice is scored by the logprobs of exactly its own tokens after the prefix.
+    """
+    _check_name(name)
+    if choices is None or isinstance(choices, str) or not isinstance(choices, Sequence):
+        raise TypeError(f"select needs choices as a list of str, got {choices!r}")
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"select needs choices as a non-empty list of non-empty str: {choices!r}")
+    if not isinstance(choices_method, ChoicesSamplingMethod):
+        raise TypeError(f"choices_method must be a ChoicesSamplingMethod, got {choices_method!r}")
+    return Select(name=name, choices=list(choices), method=choices_method)
+
+
+def _check_name(name: Any) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"a variable name must be a non-empty str, got {name!r}")
+
+
+def role_expr(role: str, expr: Expr | str | None) -> ExprList:
+    """[begin, expr, end] of `role` (just [begin, end] without `expr`)."""
+    inner = [] if expr is None else [to_expr(expr)]
+    return ExprList([RoleBegin(role), *inner, RoleEnd(role)])
+
+
+def system(expr: Expr | str | None = None) -> ExprList:
+    """A system message around `expr`."""
+    return role_expr("system", expr)
+
+
+def user(expr: Expr | str | None = None) -> ExprList:
+    """A user message around `expr`."""
+    return role_expr("user", expr)
+
+
+def assistant(expr: Expr | str | None = None) -> ExprList:
+    """An assistant message around `expr`; a gen inside stops at the template's end marker."""
+    return role_expr("assistant", expr)
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")
