@@ -8,7 +8,7 @@ A backend speaks the /generate protocol (SGLang-compatible request/response dict
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 
 class BackendError(RuntimeError):
@@ -26,9 +26,9 @@ class Backend(Protocol):
 
     generate(req) -> dict | list[dict]
         `req` is a /generate request: exactly one of `text` (str | list[str]) or `input_ids`
-        (list[int] | list[list[int]]); `sampling_params` (dict, or a list of dicts for a batch;
-        keys as in `SamplingParams.sampling_dict`, absent = runtime default); optional
-        `return_logprob`, `logprob_start_len` (-1 = output only), `top_logprobs_num`,
+        (list[int] | list[list[int]]); `sampling_params` (one dict for every prompt, or one
+        per prompt; keys as in `SamplingParams.sampling_dict`, absent = runtime default);
+        optional `return_logprob`, `logprob_start_len` (-1 = output only), `top_logprobs_num`,
         `return_text_in_logprobs`. Returns one response dict for a single prompt with n == 1,
         else a list: one per prompt, or n per prompt (prompt-major) when n > 1.
         Response: {"text": str (completion only, stop string trimmed), "output_ids": list[int],
@@ -40,8 +40,9 @@ class Backend(Protocol):
         the logprob of prompt position 0 is null. `max_new_tokens: 0` prefills (caches) the
         prompt and generates nothing. A rejected request raises (e.g. BackendError).
     generate_stream(req) -> Iterator[dict]
-        Same request (with "stream": True); yields response dicts whose `text` is cumulative
-        (all the completion so far); the last one carries the full `meta_info`.
+        Same request (with "stream": True, single prompt, n == 1); yields response dicts whose
+        `text` is cumulative (all the completion so far); the last one carries the full
+        `meta_info`. A failure raises, or ends the stream with an "abort" finish_reason.
     get_model_info() -> dict
         At least {"model_path": str}; HTTP servers also put `chat_template` here.
     get_chat_template() -> dict | None
@@ -53,6 +54,12 @@ class Backend(Protocol):
         runtime adds, if any). select sends `input_ids` built from these, so they must match.
     flush_cache() -> None
         Empty the runtime's prefix cache.
+
+    What the DSL sends: a gen, {"text": state text, "sampling_params": {...}}; a fork of n > 1
+    and run_batch's traced prefix, {"text": prefix, "sampling_params": {"max_new_tokens": 0}};
+    a select, {"input_ids": prefix_ids, max_new_tokens 0}, then {"input_ids": [prefix_ids +
+    choice_ids, ...], "logprob_start_len": len(prefix_ids), "return_logprob": True,
+    max_new_tokens 0} (and the same with only BOS as the prefix for unconditional scoring).
     """
 
     def generate(self, req: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]: ...
@@ -99,7 +106,7 @@ def check_backend(backend: Any) -> Backend:
     ]
     if missing:
         raise TypeError(f"{backend!r} is not a Backend: it lacks {', '.join(missing)}")
-    return backend
+    return cast(Backend, backend)
 
 
 def flush_cache(backend: Backend | None = None) -> None:

@@ -94,4 +94,5 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     """The regex outlines-core derives from a JSON schema (for backends that only take a regex)."""
     from outlines_core.json_schema import build_regex_from_schema
 
-    return build_regex_from_schema(schema_to_json(schema), whitespace_pattern)
+    regex: str = build_regex_from_schema(schema_to_json(schema), whitespace_pattern)
+    return regex

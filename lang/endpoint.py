@@ -29,7 +29,10 @@ class RuntimeEndpoint:
         self._lock = threading.Lock()
 
     def generate(self, req: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
-        return self._post_json("/generate", {**req, "stream": False})
+        result: dict[str, Any] | list[dict[str, Any]] = self._post_json(
+            "/generate", {**req, "stream": False}
+        )
+        return result
 
     def generate_stream(self, req: dict[str, Any]) -> Iterator[dict[str, Any]]:
         with self._open("/generate", {**req, "stream": True}) as response:

@@ -43,7 +43,7 @@ class Interpreter:
 
     def __init__(self, ctx: RunContext, parent: Interpreter | None = None) -> None:
         self.ctx = ctx
-        self.text = parent.text if parent else ""
+        self.text: str = parent.text if parent else ""
         self.variables: dict[str, Any] = dict(parent.variables) if parent else {}
         self.meta_info: dict[str, Any] = dict(parent.meta_info) if parent else {}
         self.messages: list[dict[str, str]] = [dict(m) for m in parent.messages] if parent else []
@@ -51,7 +51,7 @@ class Interpreter:
         self.fork_start = len(self.text)
         self.error: BaseException | None = None
         self.is_ended = False
-        self._role_start = parent._role_start if parent else 0
+        self._role_start: int = parent._role_start if parent else 0
         self._scope_start: dict[str, int] = dict(parent._scope_start) if parent else {}
         self._var_text: dict[str, str] = dict(parent._var_text) if parent else {}
         self._queue: deque[Expr] = deque()
@@ -284,7 +284,7 @@ class Interpreter:
     def _stream_gen(
         self, backend: Backend, req: dict[str, Any], name: str | None
     ) -> tuple[str, dict[str, Any]]:
-        seen, meta = "", {}
+        seen, meta = "", dict[str, Any]()
         for chunk in backend.generate_stream(req):
             check_response(chunk)
             text = chunk.get("text", "")

@@ -142,18 +142,10 @@ def gen(
     captured value is parsed to that type). Unset options take the program-level defaults.
     """
     _check_name(name)
-    given = [k for k, v in [("regex", regex), ("json_schema", json_schema), ("choices", choices),
-                            ("dtype", dtype)] if v is not None]  # fmt: skip
-    if len(given) > 1:
-        raise ValueError(f"gen takes at most one of regex/json_schema/choices/dtype, got {given}")
-    if choices is not None:
-        regex = choices_regex(choices)
-    elif dtype is not None:
-        regex = dtype_regex(dtype)
     params = SamplingParams(
         max_new_tokens=max_tokens,
         min_new_tokens=min_tokens,
-        stop=list(stop) if isinstance(stop, list | tuple) else stop,
+        stop=_stop_strings(stop),
         stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
         temperature=temperature,
         top_p=top_p,
@@ -163,7 +155,7 @@ def gen(
         presence_penalty=presence_penalty,
         ignore_eos=ignore_eos,
         n=n,
-        regex=regex,
+        regex=_constraint_regex(regex, json_schema, choices, dtype),
         json_schema=None if json_schema is None else schema_to_json(json_schema),
         return_logprob=return_logprob,
         logprob_start_len=logprob_start_len,
@@ -202,6 +194,26 @@ def select(
     return Select(name=name, choices=list(choices), method=choices_method)
 
 
+def _constraint_regex(
+    regex: str | None, json_schema: Any, choices: Sequence[str] | None, dtype: type | None
+) -> str | None:
+    """The regex the constraint implies (a JSON schema travels as itself); at most one given."""
+    given = {"regex": regex, "json_schema": json_schema, "choices": choices, "dtype": dtype}
+    named = [key for key, value in given.items() if value is not None]
+    if len(named) > 1:
+        raise ValueError(f"gen takes at most one of regex/json_schema/choices/dtype, got {named}")
+    if choices is not None:
+        return choices_regex(choices)
+    if dtype is not None:
+        return dtype_regex(dtype)
+    return regex
+
+
+def _stop_strings(stop: Any) -> Any:
+    """Stop strings given as a tuple, as the list the wire takes; anything else as given."""
+    return list(stop) if isinstance(stop, list | tuple) else stop
+
+
 def _check_name(name: Any) -> None:
     if name is not None and (not isinstance(name, str) or not name):
         raise TypeError(f"a variable name must be a non-empty str, got {name!r}")
@@ -224,7 +236,12 @@ def user(expr: Expr | str | None = None) -> ExprList:
 
 
 def assistant(expr: Expr | str | None = None) -> ExprList:
-    """An assistant message around `expr`; a gen inside stops at the template's end marker."""
+    """An assistant message around `expr`.
+
+    A gen inside stops where the template ends the turn: the assistant suffix's stripped text
+    (e.g. "<|im_end|>") is added to its stop strings, and the model's EOS ends it as well (for
+    ChatML models they are the same token, which the runtime may drop from the text).
+    """
     return role_expr("assistant", expr)
 
 

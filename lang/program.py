@@ -47,6 +47,7 @@ class Program:
         self.is_async = inspect.iscoroutinefunction(func)
         self._params = params[1:]
         functools.update_wrapper(self, func)
+        self.__name__: str = getattr(func, "__name__", type(func).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`f(s, ...)`: run the body on `s`. Inside a program, `f(...)`: a call for `s += f(...)`.

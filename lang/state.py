@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from .interpreter import Interpreter
 from .ir import (
@@ -194,7 +194,7 @@ class ProgramStateGroup:
                 state += other(i)
         else:
             for state in self.states:
-                state += other
+                state += cast(Expr | str, other)
         return self
 
     def join(self, mode: str = "gather_variable") -> None:

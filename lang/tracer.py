@@ -41,7 +41,7 @@ class Argument(Expr):
 
     __str__ = __format__ = __bool__ = __len__ = __iter__ = __contains__ = _stop
     __getitem__ = __int__ = __float__ = __index__ = __hash__ = _stop
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _stop  # type: ignore[assignment]
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _stop
     __mul__ = __rmul__ = __mod__ = __call__ = _stop
 
 

@@ -96,7 +96,7 @@ def test_http_errors_carry_the_servers_message(server):
 def test_a_program_over_http_with_the_servers_template(server):
     @function
     def chat(s):
-        s += s.user("hi") or ""
+        s.user("hi")
         with s.assistant():
             s += gen("reply", max_tokens=4)
 

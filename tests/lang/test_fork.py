@@ -141,3 +141,30 @@ def test_a_failed_branch_fails_the_join(make_backend):
     state = prog.run(backend=backend)
     with pytest.raises(RuntimeError, match="branch 1 exploded"):
         state.text()
+
+
+def test_forking_a_failed_state_raises_instead_of_hanging(make_backend):
+    backend = make_backend(default=RuntimeError("prefill failed"))
+
+    @function
+    def prog(s):
+        s += "x" + gen("y")
+        s.fork(2)
+
+    with pytest.raises(RuntimeError, match="prefill failed"):
+        prog.run(backend=backend)
+
+
+def test_branches_can_fork_again(make_backend):
+    backend = make_backend(default=lambda p, _: p[-1])
+
+    @function
+    def prog(s):
+        s += "r"
+        outer = s.fork(2)
+        outer += lambda i: str(i)
+        inner = outer[1].fork(2)
+        inner += lambda i: "abc"[i] + gen("leaf")
+        return [f.text() for f in inner]
+
+    assert prog.run(backend=backend).ret_value == ["r1aa", "r1bb"]

@@ -278,3 +278,28 @@ def test_progress_bar_counts_items(backend, capsys):
     states = echo.run_batch([{"word": "a"}, {"word": "b"}], backend=backend, progress_bar=True)
     assert [s["out"] for s in states] == ["ok", "ok"]
     assert "2/2" in capsys.readouterr().err
+
+
+def test_text_iter_without_streaming_yields_what_each_step_appended(backend):
+    state = streamed.run(backend=backend)
+    assert "".join(state.text_iter()) == "A:ok"
+    assert list(state.text_iter("a")) == ["ok"]
+
+
+def test_an_async_program_error_reaches_the_awaiting_caller(make_backend):
+    backend = make_backend(default=RuntimeError("no capacity"))
+
+    @function
+    async def prog(s):
+        s += "x" + gen("y")
+        return await s.aget("y")
+
+    with pytest.raises(RuntimeError, match="no capacity"):
+        asyncio.run(prog.run_async(backend=backend))
+
+
+def test_run_batch_stores_a_bad_argument_per_item(backend):
+    states = echo.run_batch([{"word": "a"}, {"wrd": "b"}], backend=backend)
+    assert states[0]["out"] == "ok"
+    assert isinstance(states[1].error(), TypeError)
+    assert "wrd" in str(states[1].error())
