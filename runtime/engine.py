@@ -1,0 +1,292 @@
+"""Engine: the in-process serving runtime. Callers submit /generate-shaped requests from any
+thread (or asyncio task); one engine thread runs the scheduler loop and pushes each request's
+outputs to its caller. A failing batch fails its requests, never the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import torch
+
+from .config import EngineConfig
+from .engine_state import EngineMetrics, Handle
+from .io_struct import GenerateRequest
+from .loader import DTYPES, load_model
+from .model_runner import ModelRunner
+from .output_processor import OutputProcessor
+from .req import FinishReason, Req
+from .response import ResponseBuilder, StreamText, final_text
+from .sampler import Sampler, SamplingState
+from .scheduler import Scheduler
+from .tokenizer import IncrementalDetokenizer
+
+log = logging.getLogger("stemma.engine")
+Event = tuple[int, dict[str, Any], bool]  # (item index, output dict, is_final)
+
+
+class Engine:
+    def __init__(self, model: str = "smollm2-135m", **config: Any):
+        self.config = cfg = EngineConfig.from_kwargs(model=model, **config)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        loaded = load_model(cfg.model, DTYPES[cfg.dtype], cfg.device, cfg.cache_dir)
+        self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.config
+        self.runner = ModelRunner(cfg, loaded)
+        self.vocab_size = loaded.config.vocab_size
+        sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
+        self.outputs = OutputProcessor(self.tokenizer, sampler, self.runner.context_len)
+        self.scheduler = Scheduler(cfg, self.runner, self.outputs)
+        self.responses = ResponseBuilder(self.tokenizer)
+        self.metrics = EngineMetrics()
+        self.check_invariants = False  # tests turn this on: check_memory() after every step
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._handles: dict[str, Handle] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="stemma-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API -----------------------------------------------------------------------
+    def generate(self, text=None, sampling_params=None, input_ids=None, **fields: Any):
+        """Blocking /generate; with stream=True an iterator of cumulative chunks."""
+        request, reqs = self._prepare(text, input_ids, sampling_params, fields)
+        if request.stream:
+            return self._stream_sync(request, reqs)
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        self._submit(request, reqs, events.put)
+        return self._collect(request, iter(events.get, None))
+
+    async def async_generate(self, text=None, sampling_params=None, input_ids=None, **fields):
+        """Awaitable /generate; with stream=True returns an async iterator of chunks."""
+        request, reqs = self._prepare(text, input_ids, sampling_params, fields)
+        if request.stream:
+            return self._stream_async(request, reqs)
+        results: list[Any] = [None] * len(reqs)
+        async for idx, out, is_final in self._events_async(request, reqs):
+            if is_final:
+                results[idx] = out
+        return results if request.is_batch else results[0]
+
+    def generate_stream(self, text=None, sampling_params=None, input_ids=None, **fields):
+        return self.generate(text, sampling_params, input_ids, stream=True, **fields)
+
+    async def async_generate_stream(self, text=None, sampling_params=None, input_ids=None, **kw):
+        async for chunk in await self.async_generate(text, sampling_params, input_ids,
+                                                     stream=True, **kw):
+            yield chunk
+
+    def abort(self, rid: str, message: str = "aborted by the caller") -> None:
+        self._inbox.put(("abort", rid, message))
+
+    def flush_cache(self) -> None:
+        """Empty the radix cache; raises RuntimeError while requests run."""
+        self._call(self.scheduler.flush_cache)
+
+    def get_model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.config.model,
+            "is_generation": True,
+            "dtype": self.config.dtype,
+            "max_context_length": self.runner.context_len,
+            "vocab_size": self.vocab_size,
+            "eos_token_ids": sorted(self.tokenizer.eos_token_ids),
+            "chat_template": (
+                self.tokenizer.chat_roles().to_dict() if self.tokenizer.chat_template else None
+            ),
+        }
+
+    def get_metrics(self) -> dict[str, Any]:
+        return self._call(lambda: self.metrics.snapshot(self.scheduler))
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt=True):
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+
+    def shutdown(self) -> None:
+        """Abort what is still running and stop the engine thread."""
+        if self._thread.is_alive():
+            self._inbox.put(("stop",))
+            self._thread.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- caller side ----------------------------------------------------------------------
+    def _prepare(self, text, input_ids, sampling_params, fields) -> tuple[GenerateRequest, list]:
+        d = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params, **fields}
+        request = GenerateRequest.from_dict({k: v for k, v in d.items() if v is not None})
+        return request, [self._make_req(item) for item in request.items]
+
+    def _make_req(self, item) -> Req:
+        ids = item.input_ids if item.input_ids is not None else self.tokenizer.encode(item.text)
+        ctx = self.runner.context_len
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= ctx:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the context length is {ctx}")
+        if max(ids) >= self.vocab_size:
+            raise ValueError(f"input_ids contain {max(ids)}, outside the vocabulary ({self.vocab_size})")
+        if item.logprob.logprob_start_len >= len(ids):
+            raise ValueError(
+                f"logprob_start_len={item.logprob.logprob_start_len} is not below the prompt "
+                f"length {len(ids)}"
+            )
+        p = item.params
+        p.check_vocab(self.vocab_size)
+        if p.regex is not None or p.json_schema is not None or p.ebnf is not None:
+            raise ValueError("constrained decoding (regex / json_schema / ebnf) is not enabled")
+        state = SamplingState.create(p, ids, self.vocab_size)
+        return Req(item.rid, list(ids), p, state, item.logprob)
+
+    def _submit(self, request: GenerateRequest, reqs: list[Req], sink: Callable) -> None:
+        self._inbox.put(("add", request, reqs, sink))
+
+    def _collect(self, request: GenerateRequest, events: Iterator[Event]):
+        results: list[Any] = [None] * len(request.items)
+        remaining = len(results)
+        for idx, out, is_final in events:
+            if is_final:
+                results[idx] = out
+                remaining -= 1
+                if remaining == 0:
+                    break
+        return results if request.is_batch else results[0]
+
+    def _stream_sync(self, request, reqs) -> Iterator[dict[str, Any]]:
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        self._submit(request, reqs, events.put)
+        remaining = len(reqs)
+        try:
+            while remaining:
+                idx, out, is_final = events.get()
+                remaining -= is_final
+                yield out | {"index": idx} if request.is_batch else out
+        finally:
+            if remaining:  # the consumer stopped early: free the requests
+                for r in reqs:
+                    self.abort(r.rid, "the client stopped reading the stream")
+
+    async def _events_async(self, request, reqs) -> AsyncIterator[Event]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        self._submit(request, reqs, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        remaining = len(reqs)
+        try:
+            while remaining:
+                ev = await events.get()
+                remaining -= ev[2]
+                yield ev
+        finally:
+            if remaining:  # cancelled (e.g. the HTTP client went away): free the requests
+                for r in reqs:
+                    self.abort(r.rid, "the client disconnected")
+
+    async def _stream_async(self, request, reqs) -> AsyncIterator[dict[str, Any]]:
+        async for idx, out, _ in self._events_async(request, reqs):
+            yield out | {"index": idx} if request.is_batch else out
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the engine thread (between steps) and return its result."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox.put(("call", fn, done.put))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    # ---- engine thread --------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            busy = bool(self.scheduler.running or self.scheduler.waiting)
+            if not self._drain_inbox(block=not busy):
+                break
+            if not (self.scheduler.running or self.scheduler.waiting):
+                continue
+            try:
+                advanced = self.scheduler.step()
+            except Exception as e:  # noqa: BLE001 - fail the batch's requests, keep serving
+                log.exception("engine step failed")
+                advanced = self._fail_batch(f"engine error: {type(e).__name__}: {e}")
+            self.metrics.on_step(self.scheduler.last_batch)
+            self._emit(advanced)
+            if self.check_invariants:
+                self.scheduler.check_memory()
+        self._abort_all("the engine shut down")
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued commands; False once asked to stop."""
+        try:
+            cmd = self._inbox.get(timeout=None) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if cmd[0] == "stop":
+                return False
+            self._apply(cmd)
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, request, reqs, sink = cmd
+            for idx, req in enumerate(reqs):
+                if req.rid in self._handles:
+                    req.finish = FinishReason("abort", message=f"duplicate rid {req.rid!r}")
+                    sink((idx, self.responses.build(req, ""), True))
+                    continue
+                detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
+                stream = StreamText(detok) if request.stream else None
+                self._handles[req.rid] = Handle(idx, sink, stream)
+                self.scheduler.waiting.append(req)
+                self.metrics.on_arrival(req)
+        elif kind == "abort":
+            req = self.scheduler.abort(cmd[1], cmd[2])
+            if req is not None:
+                self._emit([req])
+        elif kind == "call":
+            _, fn, reply = cmd
+            try:
+                reply((True, fn()))
+            except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
+                reply((False, e))
+
+    def _emit(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            handle = self._handles.get(req.rid)
+            if handle is None:
+                continue
+            if req.finish is not None:
+                del self._handles[req.rid]
+                self.metrics.on_finish(req)
+                handle.sink((handle.index, self.responses.build(req, final_text(self.tokenizer, req)), True))
+            elif handle.stream is not None and len(req.output_ids) > handle.stream.num_ids:
+                text = handle.stream.update(req)
+                handle.sink((handle.index, self.responses.build(req, text), False))
+            if req.output_ids and req.first_token_time is None:
+                self.metrics.on_first_token(req)
+
+    def _fail_batch(self, message: str) -> list[Req]:
+        batch = self.scheduler.last_batch
+        reqs = list(batch.reqs) if batch is not None else list(self.scheduler.running)
+        failed = [self.scheduler.abort(r.rid, message) for r in reqs]
+        return [r for r in failed if r is not None]
+
+    def _abort_all(self, message: str) -> None:
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._emit([r for r in [self.scheduler.abort(req.rid, message)] if r is not None])

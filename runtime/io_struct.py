@@ -1,0 +1,110 @@
+"""The /generate request at the edge: a dict (or kwargs) parsed into GenerateItems.
+
+Mirrors SGLang's GenerateReqInput: exactly one of text / input_ids, each single or a list
+(a batch); sampling_params a dict or a list of dicts; `n` > 1 fans one prompt out to n items.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .req import LogprobRequest
+from .sampling_params import SamplingParams
+
+REQUEST_FIELDS = (
+    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "stream",
+)
+
+
+@dataclass(slots=True)
+class GenerateItem:
+    rid: str
+    text: str | None
+    input_ids: list[int] | None
+    params: SamplingParams
+    logprob: LogprobRequest
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    items: list[GenerateItem]
+    is_batch: bool  # the caller sent lists, or n > 1: answer with a list
+    stream: bool
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> GenerateRequest:
+        unknown = sorted(set(d) - set(REQUEST_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown request field(s) {unknown}; allowed: {list(REQUEST_FIELDS)}")
+        text, ids = d.get("text"), d.get("input_ids")
+        if (text is None) == (ids is None):
+            raise ValueError("send exactly one of 'text' or 'input_ids'")
+        prompts, is_batch = _prompts(text, ids)
+        params = _per_item(d.get("sampling_params"), len(prompts), "sampling_params")
+        rids = _per_item(d.get("rid"), len(prompts), "rid")
+        logprob = _logprob_request(d)
+        items = []
+        for i, prompt in enumerate(prompts):
+            sp = SamplingParams.from_dict(params[i])
+            base = rids[i] if rids[i] is not None else uuid.uuid4().hex
+            if not isinstance(base, str):
+                raise TypeError(f"rid must be a string, got {type(base).__name__}")
+            for j in range(sp.n):
+                rid = base if sp.n == 1 else f"{base}-{j}"
+                is_text = isinstance(prompt, str)
+                items.append(GenerateItem(rid, prompt if is_text else None,
+                                          None if is_text else prompt, sp, logprob))
+        stream = d.get("stream", False)
+        if not isinstance(stream, bool):
+            raise TypeError(f"stream must be a bool, got {stream!r}")
+        return GenerateRequest(items, is_batch or len(items) > len(prompts), stream)
+
+
+def _prompts(text: Any, ids: Any) -> tuple[list[str | list[int]], bool]:
+    if text is not None:
+        if isinstance(text, str):
+            return [text], False
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return list(text), True
+        raise TypeError("text must be a string or a non-empty list of strings")
+    if isinstance(ids, list) and ids and all(_is_id(t) for t in ids):
+        return [list(ids)], False
+    if isinstance(ids, list) and ids and all(
+        isinstance(x, list) and x and all(_is_id(t) for t in x) for x in ids
+    ):
+        return [list(x) for x in ids], True
+    raise TypeError("input_ids must be a non-empty list of token ids or a list of such lists")
+
+
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
+def _per_item(value: Any, num: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != num:
+            raise ValueError(f"{name} is a list of {len(value)} but the batch has {num} prompts")
+        return value
+    return [value] * num
+
+
+def _logprob_request(d: dict[str, Any]) -> LogprobRequest:
+    lr = LogprobRequest(
+        return_logprob=d.get("return_logprob") or False,
+        logprob_start_len=-1 if d.get("logprob_start_len") is None else d["logprob_start_len"],
+        top_logprobs_num=d.get("top_logprobs_num") or 0,
+        return_text_in_logprobs=d.get("return_text_in_logprobs") or False,
+    )
+    for name in ("return_logprob", "return_text_in_logprobs"):
+        if not isinstance(getattr(lr, name), bool):
+            raise TypeError(f"{name} must be a bool, got {getattr(lr, name)!r}")
+    for name, low in (("logprob_start_len", -1), ("top_logprobs_num", 0)):
+        v = getattr(lr, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+    if d.get("token_ids_logprob") is not None:
+        raise ValueError("token_ids_logprob is not supported yet; use top_logprobs_num")
+    return lr

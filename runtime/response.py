@@ -1,0 +1,86 @@
+"""Response dicts in SGLang's /generate shape, built from a Req on the engine thread.
+
+Streaming text is cumulative and never shows a stop string or a prefix of one that may still
+complete; the final text is decoded whole and trimmed at the stop string (unless no_stop_trim).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .req import Req
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(slots=True)
+class StreamText:
+    """Cumulative decoded text of a streaming request."""
+
+    detok: IncrementalDetokenizer
+    text: str = ""
+    num_ids: int = 0
+
+    def update(self, req: Req) -> str:
+        new = req.output_ids[self.num_ids :]
+        self.num_ids = len(req.output_ids)
+        self.text += self.detok.push(new)
+        return _hold_back_stop_prefix(self.text, req.params.stop or [])
+
+
+def _hold_back_stop_prefix(text: str, stops: list[str]) -> str:
+    cut = len(text)
+    for s in stops:
+        idx = text.find(s)
+        if idx >= 0:
+            cut = min(cut, idx)
+        for k in range(min(len(s) - 1, len(text)), 0, -1):  # a stop string may be starting
+            if text.endswith(s[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return text[:cut]
+
+
+def final_text(tokenizer: Tokenizer, req: Req) -> str:
+    text = tokenizer.decode(req.output_ids, req.params.skip_special_tokens)
+    f = req.finish
+    if f is not None and f.kind == "stop" and isinstance(f.matched, str):
+        if not req.params.no_stop_trim:
+            idx = text.find(f.matched)
+            text = text[:idx] if idx >= 0 else text
+    return text
+
+
+def _lp_list(tok: Tokenizer, pairs: list, with_text: bool) -> list[list[Any]]:
+    return [[lp, tid, tok.decode([tid], False) if with_text else None] for lp, tid in pairs]
+
+
+@dataclass(slots=True)
+class ResponseBuilder:
+    tokenizer: Tokenizer
+    start_time: float = field(default_factory=time.monotonic)
+
+    def build(self, req: Req, text: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish.to_dict() if req.finish else None,
+            "e2e_latency": time.monotonic() - req.arrival_time,
+        }
+        if req.logprob.return_logprob:
+            tok, with_text = self.tokenizer, req.logprob.return_text_in_logprobs
+            meta["input_token_logprobs"] = _lp_list(tok, req.input_logprobs, with_text)
+            meta["output_token_logprobs"] = _lp_list(tok, req.output_logprobs, with_text)
+            if req.logprob.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = [
+                    None if top is None else _lp_list(tok, [(lp, i) for lp, i in top], with_text)
+                    for top in req.input_top_logprobs
+                ]
+                meta["output_top_logprobs"] = [
+                    _lp_list(tok, [(lp, i) for lp, i in top], with_text)
+                    for top in req.output_top_logprobs
+                ]
+        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
