@@ -15,7 +15,7 @@ import torch
 from .forward_batch import ForwardBatch
 from .model_runner import ModelRunner
 from .req import FinishReason, Req
-from .sampler import Sampler
+from .sampler import AllMaskedError, Sampler
 from .tokenizer import Tokenizer
 
 
@@ -75,8 +75,16 @@ class OutputProcessor:
             rows = [p.first_row + len(p.input_positions) for _, p in sampling]
             reqs = [r for r, _ in sampling]
             top_n = [r.logprob.top_logprobs_num if r.logprob.return_logprob else 0 for r in reqs]
-            out = self.sampler.sample(logits[rows], [r.sampling for r in reqs], None, top_n)
+            try:
+                out = self.sampler.sample(logits[rows], [r.sampling for r in reqs], None, top_n)
+                dead: set[int] = set()
+            except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
+                out, dead = e.output, set(e.row_idxs)
             for i, req in enumerate(reqs):
+                if i in dead:
+                    req.finish = FinishReason("abort", message="no token is allowed: every "
+                                              "logit was masked (constraint or bias)")
+                    continue
                 self.append_token(req, out.next_ids[i], out.logprobs[i], out.top_logprobs, i)
         for req in batch.reqs:
             if req.finish is None and not req.is_prefilling:
