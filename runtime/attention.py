@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from .forward_batch import ForwardBatch
+from .forward_batch import ForwardBatch, ForwardMode
 from .memory import KVPool
 
 
@@ -37,6 +37,9 @@ class TorchAttnBackend:
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         device = fb.input_ids.device
+        self.out_loc = fb.out_cache_loc.long()
+        # Decode: one query per request, so q needs no padding and every row is real.
+        self.is_decode = fb.mode is ForwardMode.DECODE
         max_new, max_ctx = max(fb.extend_lens_cpu), max(fb.seq_lens_cpu)
         seq_lens, prefix_lens = fb.seq_lens.long(), fb.prefix_lens.long()
         ctx_col = torch.arange(max_ctx, device=device)
@@ -53,11 +56,13 @@ class TorchAttnBackend:
         self.mask = mask[:, None]  # [B, 1, max_new, max_ctx]
 
     def forward(self, q, k, v, layer_id, fb, pool, sm_scale):
-        pool.write(layer_id, fb.out_cache_loc, k, v)
-        B, max_new = self.is_new.shape
-        num_heads, head_dim = q.shape[1], q.shape[2]
-        q_pad = q.new_zeros((B, max_new, num_heads, head_dim))
-        q_pad[self.is_new] = q
+        pool.write(layer_id, self.out_loc, k, v)
+        if self.is_decode:
+            q_pad = q.unsqueeze(1)  # [B, 1, num_heads, head_dim]
+        else:
+            B, max_new = self.is_new.shape
+            q_pad = q.new_zeros((B, max_new, q.shape[1], q.shape[2]))
+            q_pad[self.is_new] = q
         k_ctx = pool.k[layer_id][self.kv_slots].to(q.dtype)  # [B, max_ctx, num_kv_heads, head_dim]
         v_ctx = pool.v[layer_id][self.kv_slots].to(q.dtype)
         o = F.scaled_dot_product_attention(
@@ -68,7 +73,7 @@ class TorchAttnBackend:
             scale=sm_scale,
             enable_gqa=True,
         )  # [B, num_heads, max_new, head_dim]
-        return o.transpose(1, 2)[self.is_new]
+        return o[:, :, 0] if self.is_decode else o.transpose(1, 2)[self.is_new]
 
 
 def make_attention_backend(name: str) -> AttentionBackend:

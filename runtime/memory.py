@@ -29,9 +29,9 @@ class KVPool:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # loc: [num_tokens]; k, v: [num_tokens, num_kv_heads, head_dim]
-        self.k[layer_id][loc.long()] = k.to(self.k[layer_id].dtype)
-        self.v[layer_id][loc.long()] = v.to(self.v[layer_id].dtype)
+        # loc: [num_tokens] (int64 avoids a copy); k, v: [num_tokens, num_kv_heads, head_dim]
+        self.k[layer_id].index_copy_(0, loc.long(), k.to(self.k[layer_id].dtype))
+        self.v[layer_id].index_copy_(0, loc.long(), v.to(self.v[layer_id].dtype))
 
     @staticmethod
     def bytes_per_slot(

@@ -1,0 +1,78 @@
+"""What every benchmark records beside its numbers: machine, versions, commit, command."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, check=True,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def hardware() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "num_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def append_results(name: str, rows: list[dict[str, Any]]) -> Path:
+    """Append one JSON line per row, each stamped with hardware, commit and command."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.jsonl"
+    stamp = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "commit": git_commit(),
+        "hardware": hardware(),
+        "command": "python -m stemma.bench." + name + " " + " ".join(sys.argv[1:]),
+    }
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps({**stamp, **row}) + "\n")
+    return path
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

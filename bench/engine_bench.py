@@ -1,0 +1,166 @@
+"""Engine benchmarks against HF transformers on the same weights and dtype, side by side.
+
+  python -m stemma.bench.engine_bench [--workloads decode,fanout,stream] [--repeats 3]
+
+decode: tokens/s at batch 1/8/32 (engine vs HF batched generate);
+fanout: one ~1000-token system prompt, 64 questions, 32 new tokens each (engine vs the engine
+        with the radix cache off vs HF generate one request at a time);
+stream: TTFT / TPOT p50 and p99 under Poisson arrivals.
+Results: a table on stdout and JSON lines in bench/results/engine_bench.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import threading
+import time
+from typing import Any
+
+import torch
+
+from ..runtime.engine import Engine
+from ..runtime.loader import DTYPES, resolve_checkpoint
+from .common import append_results, median_time, print_table
+
+SYSTEM = (
+    "You are a meticulous assistant for a team of engineers. Answer precisely, cite the "
+    "relevant section of the handbook, and never invent facts. "
+)
+
+
+def hf_model(model: str, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    ckpt = resolve_checkpoint(model)
+    return AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=DTYPES[dtype]).eval()
+
+
+def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> None:
+    """Batched greedy generate, left-padded, fixed length (no early EOS)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+
+def greedy(new_tokens: int) -> dict[str, Any]:
+    return {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+
+
+def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
+    rng = random.Random(0)
+    rows = []
+    for batch in (1, 8, 32):
+        prompts = [[rng.randrange(100, 40000) for _ in range(32)] for _ in range(batch)]
+        n = args.new_tokens
+
+        def run_engine() -> None:
+            engine.flush_cache()
+            engine.generate(input_ids=prompts, sampling_params=greedy(n))
+
+        t_engine, _ = median_time(run_engine, args.repeats)
+        t_hf, _ = median_time(lambda: hf_generate(hf, prompts, n), args.repeats)
+        rows.append({"workload": f"decode b={batch} in=32 out={n}", "metric": "tokens/s",
+                     "stemma": batch * n / t_engine, "hf": batch * n / t_hf,
+                     "ratio": t_hf / t_engine})
+    return rows
+
+
+def fanout_prompts(engine: Engine, num: int) -> tuple[list[int], list[list[int]]]:
+    rng = random.Random(1)
+    system = engine.tokenize(SYSTEM * 40)[:1000]
+    questions = [engine.tokenize(f" Question {i}: what does rule {rng.randrange(999)} say "
+                                 f"about release {rng.randrange(99)}?")[:20] for i in range(num)]
+    return system, [system + q for q in questions]
+
+
+def bench_fanout(engine: Engine, nocache: Engine, hf, args) -> list[dict[str, Any]]:
+    system, prompts = fanout_prompts(engine, 64)
+    n = 32
+
+    def run(e: Engine) -> None:
+        e.flush_cache()
+        e.generate(input_ids=prompts, sampling_params=greedy(n))
+
+    t_engine, _ = median_time(lambda: run(engine), args.repeats)
+    t_nocache, _ = median_time(lambda: run(nocache), args.repeats)
+    # HF one request at a time: time a sample of requests, scale to all 64.
+    sample = prompts[: args.hf_fanout_sample]
+    t_hf_sample, _ = median_time(lambda: [hf_generate(hf, [p], n) for p in sample], 1)
+    t_hf = t_hf_sample * len(prompts) / len(sample)
+    wl = f"fanout 64 x (1000 shared + 20) out={n}"
+    return [
+        {"workload": wl, "metric": "seconds", "stemma": t_engine, "baseline": "hf sequential",
+         "hf": t_hf, "ratio": t_hf / t_engine},
+        {"workload": wl, "metric": "seconds", "stemma": t_engine, "baseline": "radix cache off",
+         "nocache": t_nocache, "ratio": t_nocache / t_engine},
+    ]
+
+
+def bench_stream(engine: Engine, args) -> list[dict[str, Any]]:
+    """Poisson arrivals; per-request TTFT and TPOT from the engine's own metrics."""
+    rng = random.Random(2)
+    engine.flush_cache()
+    before = engine.get_metrics()
+    threads = []
+    for _ in range(args.stream_requests):
+        prompt = [rng.randrange(100, 40000) for _ in range(rng.randrange(64, 256))]
+        t = threading.Thread(target=engine.generate,
+                             kwargs={"input_ids": prompt, "sampling_params": greedy(32)})
+        t.start()
+        threads.append(t)
+        time.sleep(rng.expovariate(args.stream_rate))
+    for t in threads:
+        t.join()
+    after = engine.get_metrics()
+    k = len(before["ttft"])
+    ttft, tpot = after["ttft"][k:], after["tpot"][len(before["tpot"]):]
+    wl = f"stream {args.stream_requests} req, rate {args.stream_rate}/s, in 64-256, out 32"
+
+    def pct(xs: list[float], q: float) -> float:
+        return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else xs[0]
+
+    return [{"workload": wl, "metric": m, "stemma": v} for m, v in (
+        ("ttft_p50_s", pct(ttft, 50)), ("ttft_p99_s", pct(ttft, 99)),
+        ("tpot_p50_s", pct(tpot, 50)), ("tpot_p99_s", pct(tpot, 99)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--workloads", default="decode,fanout,stream")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--hf-fanout-sample", type=int, default=8)
+    p.add_argument("--stream-requests", type=int, default=48)
+    p.add_argument("--stream-rate", type=float, default=4.0)
+    p.add_argument("--num-threads", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    workloads = args.workloads.split(",")
+    rows: list[dict[str, Any]] = []
+    common = {"model": args.model, "dtype": args.dtype, "kv_cache_mb": 1024}
+    with Engine(args.model, dtype=args.dtype, kv_cache_mb=1024) as engine:
+        hf = hf_model(args.model, args.dtype) if {"decode", "fanout"} & set(workloads) else None
+        if "decode" in workloads:
+            rows += bench_decode(engine, hf, args)
+        if "fanout" in workloads:
+            with Engine(args.model, dtype=args.dtype, kv_cache_mb=1024,
+                        disable_radix_cache=True) as nocache:
+                rows += bench_fanout(engine, nocache, hf, args)
+        if "stream" in workloads:
+            rows += bench_stream(engine, args)
+    rows = [{**common, **r} for r in rows]
+    print_table(rows, ["workload", "metric", "stemma", "hf", "nocache", "ratio"])
+    print("appended to", append_results("engine_bench", rows))
+
+
+if __name__ == "__main__":
+    main()
