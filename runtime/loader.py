@@ -75,11 +75,29 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def cached_sha256(path: Path, cache_dir: Path) -> str:
+    """file_sha256, remembered per (path, size, mtime) so warm starts skip re-reading it."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    index_file = cache_dir / "sha256-index.json"
+    try:
+        index = json.loads(index_file.read_text())
+    except (OSError, ValueError):
+        index = {}
+    if key not in index:
+        index[key] = file_sha256(path)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = index_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index))
+        tmp.replace(index_file)
+    return index[key]
+
+
 def gguf_checkpoint(path: Path, cache_dir: Path) -> Path:
     """Convert `path` into cache_dir/models/<stem>-<sha256 prefix>/ unless already there."""
     from .gguf_convert import convert_gguf
 
-    out = cache_dir / "models" / f"{path.stem}-{file_sha256(path)[:16]}"
+    out = cache_dir / "models" / f"{path.stem}-{cached_sha256(path, cache_dir)[:16]}"
     if (out / "config.json").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +120,7 @@ def load_model(
     device: str | torch.device = "cpu",
     cache_dir: Path | None = None,
 ) -> LoadedModel:
-    from safetensors import safe_open
+    from safetensors.torch import load as load_safetensors
 
     ckpt = resolve_checkpoint(model, cache_dir)
     cfg = ModelConfig.from_hf(json.loads((ckpt / "config.json").read_text()))
@@ -116,10 +134,9 @@ def load_model(
         raise ValueError(f"no *.safetensors files in {ckpt}")
 
     def tensors():
+        # One sequential read per file beats faulting in an mmap page by page.
         for file in files:
-            with safe_open(str(file), "pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
+            yield from load_safetensors(file.read_bytes()).items()
 
     net.load_weights(tensors())
     return LoadedModel(net.eval(), cfg, Tokenizer(ckpt), ckpt, model)
