@@ -135,6 +135,11 @@ class Engine:
             raise ValueError("the prompt is empty")
         if len(ids) >= ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context length is {ctx}")
+        if len(ids) >= self.runner.allocator.capacity:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the KV pool holds "
+                f"{self.runner.allocator.capacity} (raise kv_cache_mb or max_total_tokens)"
+            )
         if max(ids) >= self.vocab_size:
             raise ValueError(f"input_ids contain {max(ids)}, outside the vocabulary ({self.vocab_size})")
         if item.logprob.logprob_start_len >= len(ids):
@@ -220,11 +225,26 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - fail the batch's requests, keep serving
                 log.exception("engine step failed")
                 advanced = self._fail_batch(f"engine error: {type(e).__name__}: {e}")
+            if self.scheduler.last_batch is None and not advanced:
+                self._idle_wait()  # waiting requests cannot start yet (e.g. grammar compiling)
             self.metrics.on_step(self.scheduler.last_batch)
             self._emit(advanced)
             if self.check_invariants:
                 self.scheduler.check_memory()
         self._abort_all("the engine shut down")
+
+    def _idle_wait(self, seconds: float = 0.005) -> None:
+        try:
+            self._apply_now(self._inbox.get(timeout=seconds))
+        except queue.Empty:
+            pass
+
+    def _apply_now(self, cmd: tuple) -> None:
+        """Apply one command now (the loop drains the rest next round)."""
+        if cmd[0] == "stop":
+            self._inbox.put(cmd)
+        else:
+            self._apply(cmd)
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued commands; False once asked to stop."""

@@ -44,6 +44,7 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.last_batch: ScheduledBatch | None = None
+        self.rejected: list[Req] = []  # finished without running; the engine reports them
         self.num_retractions = 0
 
     # ---- the loop body -------------------------------------------------------------------
@@ -51,8 +52,9 @@ class Scheduler:
         """Schedule and run one forward; returns the requests that advanced or finished."""
         batch = self.schedule()
         self.last_batch = batch
+        rejected, self.rejected = self.rejected, []
         if batch is None:
-            return []
+            return rejected
         fb, plans = self.outputs.build_forward(self.runner, batch)
         logits = self.runner.forward(fb)
         self.outputs.process(batch, plans, logits)
@@ -62,7 +64,7 @@ class Scheduler:
             elif was_prefill:
                 self.cache_unfinished(req)
         self.running = [r for r in self.running if r.finish is None]
-        return batch.reqs
+        return rejected + batch.reqs
 
     def schedule(self) -> ScheduledBatch | None:
         decodes = [r for r in self.running if not r.is_prefilling]
@@ -76,17 +78,17 @@ class Scheduler:
             reqs.append(req)
             num_new.append(n)
             budget -= n
-        for req, n in self.admit(budget, reserved=len(decodes)):
+        for req, n in self.admit(budget):
             reqs.append(req)
             num_new.append(n)
         is_prefill = [i >= len(decodes) for i in range(len(reqs))]
         return ScheduledBatch(reqs, num_new, is_prefill) if reqs else None
 
     # ---- admission ------------------------------------------------------------------------
-    def admit(self, budget: int, reserved: int) -> list[tuple[Req, int]]:
+    def admit(self, budget: int) -> list[tuple[Req, int]]:
         admitted: list[tuple[Req, int]] = []
         dedup = RoundDedup(self.tree is not None)
-        available = self.alloc.num_free + self.evictable() - reserved * self.page_size
+        available = self.alloc.num_free + self.evictable()
         available -= int(NEW_TOKEN_RATIO * sum(self.remaining_budget(r) for r in self.running))
         for req in self.policy.order(self.waiting):
             if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
@@ -101,6 +103,11 @@ class Scheduler:
             if self.rows.num_free_rows == 0:
                 break
             if not self.start(req, prefix, node, n):
+                if not (self.running or admitted):  # it cannot fit even in an empty pool
+                    self.waiting.remove(req)
+                    req.finish = FinishReason("abort", message="the request needs more KV "
+                                              f"slots than the pool has ({self.alloc.capacity})")
+                    self.rejected.append(req)
                 break
             available -= need
             budget -= n
