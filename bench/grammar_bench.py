@@ -34,6 +34,13 @@ from stemma.runtime.tokenizer import Tokenizer
 from stemma.runtime.vocabulary import Vocabulary
 
 RESULTS = Path(__file__).parent / "results" / "grammar.jsonl"
+MEASURED_FILES = [  # a results line is "-dirty" when one of these differs from the commit
+    "runtime/grammar.py",
+    "runtime/vocabulary.py",
+    "runtime/jump_forward.py",
+    "runtime/constraint_spec.py",
+    "bench/grammar_bench.py",
+]
 TOOL_CALL = {
     "type": "object",
     "properties": {
@@ -281,7 +288,7 @@ def git_commit() -> str:
     root = Path(__file__).resolve().parent.parent
     run = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "runtime", "bench/grammar_bench.py"],
+        ["git", "status", "--porcelain", "--", *MEASURED_FILES],
         cwd=root,
         capture_output=True,
         text=True,
