@@ -274,6 +274,7 @@ _TYPE_KEYWORDS: dict[str, frozenset[str]] = {
 _ALL_KEYWORDS = _ANY_TYPE.union(*_TYPE_KEYWORDS.values())
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 # outlines-core's own email / uri regexes can emit '"' inside the JSON string; these cannot.
+# Other formats (date, time, date-time, uuid) are honoured by shape only: 2023-02-31 passes.
 _SAFE_FORMAT_PATTERNS = {
     "email": r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*\.[a-zA-Z]{2,}",
     "uri": r"(https?|ftp)://[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}(:[0-9]{1,5})?(/[a-zA-Z0-9._~%!$&'()*+,;=:@-]*)*",

@@ -40,6 +40,7 @@ __all__ = [
     "GrammarHandle",
     "GrammarService",
     "Matcher",
+    "default_grammar_cache_dir",
     "fill_bitmask",
 ]
 
@@ -57,6 +58,7 @@ class GrammarStats:
 
 
 def default_grammar_cache_dir() -> Path:
+    """Where an engine should keep compiled indexes (next to the loader's model cache)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "stemma" / "grammar"
 
