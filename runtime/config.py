@@ -22,6 +22,7 @@ class EngineConfig:
     chunked_prefill_size: int = 512  # most prompt tokens one request prefills per step
     max_prefill_tokens: int = 2048  # most prompt tokens in one step
     disable_radix_cache: bool = False
+    enable_jump_forward: bool = True  # append text a constraint forces without a forward
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
     random_seed: int = 0

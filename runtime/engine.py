@@ -10,12 +10,15 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from .config import EngineConfig
+from .constrained import Constraints
 from .engine_state import EngineMetrics, Handle
+from .grammar import default_grammar_cache_dir
 from .io_struct import GenerateRequest
 from .loader import DTYPES, load_model
 from .model_runner import ModelRunner
@@ -41,7 +44,10 @@ class Engine:
         self.runner = ModelRunner(cfg, loaded)
         self.vocab_size = loaded.config.vocab_size
         sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
-        self.outputs = OutputProcessor(self.tokenizer, sampler, self.runner.context_len)
+        self.outputs = OutputProcessor(self.tokenizer, sampler, self.runner.context_len,
+                                       cfg.enable_jump_forward)
+        grammar_dir = Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else default_grammar_cache_dir()
+        self.constraints = Constraints(self.tokenizer, grammar_dir)
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
@@ -115,6 +121,7 @@ class Engine:
         if self._thread.is_alive():
             self._inbox.put(("stop",))
             self._thread.join()
+        self.constraints.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -149,10 +156,10 @@ class Engine:
             )
         p = item.params
         p.check_vocab(self.vocab_size)
-        if p.regex is not None or p.json_schema is not None or p.ebnf is not None:
-            raise ValueError("constrained decoding (regex / json_schema / ebnf) is not enabled")
         state = SamplingState.create(p, ids, self.vocab_size)
-        return Req(item.rid, list(ids), p, state, item.logprob)
+        req = Req(item.rid, list(ids), p, state, item.logprob)
+        req.grammar_handle = self.constraints.submit(p)
+        return req
 
     def _submit(self, request: GenerateRequest, reqs: list[Req], sink: Callable) -> None:
         self._inbox.put(("add", request, reqs, sink))

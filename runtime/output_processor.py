@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .forward_batch import ForwardBatch
+from .grammar import fill_bitmask
 from .model_runner import ModelRunner
 from .req import FinishReason, Req
 from .sampler import AllMaskedError, Sampler
@@ -27,11 +28,14 @@ class RowPlan:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, sampler: Sampler, context_len: int):
+    def __init__(
+        self, tokenizer: Tokenizer, sampler: Sampler, context_len: int, jump_forward: bool = True
+    ):
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.context_len = context_len
         self.eos_ids = tokenizer.eos_token_ids
+        self.jump_forward = jump_forward
 
     # ---- before the forward ---------------------------------------------------------------
     def build_forward(self, runner: ModelRunner, batch) -> tuple[ForwardBatch, list[RowPlan]]:
@@ -75,8 +79,12 @@ class OutputProcessor:
             rows = [p.first_row + len(p.input_positions) for _, p in sampling]
             reqs = [r for r, _ in sampling]
             top_n = [r.logprob.top_logprobs_num if r.logprob.return_logprob else 0 for r in reqs]
+            matchers = [r.grammar for r in reqs]
+            bitmask = None
+            if any(m is not None for m in matchers):
+                bitmask = fill_bitmask(matchers, self.sampler.vocab_size).to(logits.device)
             try:
-                out = self.sampler.sample(logits[rows], [r.sampling for r in reqs], None, top_n)
+                out = self.sampler.sample(logits[rows], [r.sampling for r in reqs], bitmask, top_n)
                 dead: set[int] = set()
             except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
                 out, dead = e.output, set(e.row_idxs)
@@ -86,6 +94,8 @@ class OutputProcessor:
                                               "logit was masked (constraint or bias)")
                     continue
                 self.append_token(req, out.next_ids[i], out.logprobs[i], out.top_logprobs, i)
+                if req.grammar is not None:
+                    self.advance_grammar(req, out.next_ids[i])
         for req in batch.reqs:
             if req.finish is None and not req.is_prefilling:
                 req.finish = self.check_finish(req)
@@ -119,6 +129,35 @@ class OutputProcessor:
             req.output_logprobs.append((logprob, token))
             if req.logprob.top_logprobs_num > 0 and top is not None:
                 req.output_top_logprobs.append(top[i])
+
+    def advance_grammar(self, req: Req, token: int) -> None:
+        """Move the constraint over the sampled token, then append what it forces next
+        (jump-forward: those tokens get their K/V in the next step, without sampling)."""
+        m = req.grammar
+        try:
+            m.accept_token(token)
+        except ValueError as err:  # cannot happen under the mask; never continue off-grammar
+            req.finish = FinishReason("abort", message=f"constraint: {err}")
+            return
+        if token in self.eos_ids:
+            return
+        if m.is_finished():
+            req.finish = FinishReason("stop", matched=None)
+            return
+        if not self.jump_forward:
+            return
+        room = req.params.max_new_tokens - len(req.output_ids)
+        forced = m.jump_forward(self.tokenizer)[:room] if room > 0 else []
+        for t in forced:
+            req.output_ids.append(t)
+            req.sampling.record(t)
+            if req.logprob.return_logprob:  # forced, not sampled: no model logprob
+                req.output_logprobs.append((None, t))
+                if req.logprob.top_logprobs_num > 0:
+                    req.output_top_logprobs.append([])
+        req.num_forced_tokens += len(forced)
+        if forced and m.is_finished():
+            req.finish = FinishReason("stop", matched=None)
 
     def check_finish(self, req: Req) -> FinishReason | None:
         p = req.params

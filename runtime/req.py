@@ -56,7 +56,8 @@ class Req:
     kv_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache (largest over admissions)
     finish: FinishReason | None = None
-    grammar: Any = None  # a constraint matcher once compiled
+    grammar_handle: Any = None  # a compiling constraint (GrammarHandle); admitted when ready
+    grammar: Any = None  # its Matcher, once compiled
     num_forced_tokens: int = 0  # appended by jump-forward, without a forward
 
     # Logprobs gathered so far: (logprob, token_id) and per-position top lists.
@@ -81,6 +82,11 @@ class Req:
     @property
     def is_prefilling(self) -> bool:
         return self.kv_len < len(self.input_ids)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens without K/V yet: 1 for a decode, more after a jump-forward."""
+        return self.seq_len - self.kv_len
 
     @property
     def wants_input_logprobs(self) -> bool:

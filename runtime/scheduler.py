@@ -69,7 +69,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         decodes = [r for r in self.running if not r.is_prefilling]
         decodes = self.reserve_decode_slots(decodes)
-        reqs, num_new = list(decodes), [1] * len(decodes)
+        reqs, num_new = list(decodes), [r.num_pending for r in decodes]
         budget = self.cfg.max_prefill_tokens
         for req in [r for r in self.running if r.is_prefilling]:  # chunked prefills continue
             n = self.extend_len(req, budget)
@@ -93,6 +93,8 @@ class Scheduler:
         for req in self.policy.order(self.waiting):
             if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
                 break
+            if not self.grammar_ready(req):
+                continue
             prefix, node = self.match(req)
             if dedup.should_defer(req, len(prefix)):
                 continue
@@ -116,6 +118,21 @@ class Scheduler:
             self.waiting.remove(req)
             self.running.append(req)
         return admitted
+
+    def grammar_ready(self, req: Req) -> bool:
+        """False while its constraint compiles; a failed compile fails the request."""
+        handle = req.grammar_handle
+        if handle is None or req.grammar is not None:
+            return True
+        if not handle.ready():
+            return False
+        if handle.error is not None:
+            self.waiting.remove(req)
+            req.finish = FinishReason("abort", message=f"constraint: {handle.error}")
+            self.rejected.append(req)
+            return False
+        req.grammar = handle.matcher()
+        return True
 
     def match(self, req: Req) -> tuple[list[int], object]:
         if self.tree is None:
@@ -176,7 +193,7 @@ class Scheduler:
         """Each decode needs one more slot; evict, then retract the newest requests if short."""
         decodes = sorted(decodes, key=lambda r: r.arrival_time)
         while decodes:
-            short = [r for r in decodes if not self.grow(r, 1)]
+            short = [r for r in decodes if not self.grow(r, r.num_pending)]
             if not short:
                 return decodes
             victim = decodes.pop()  # the newest arrival loses the least work
