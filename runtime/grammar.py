@@ -63,6 +63,9 @@ def default_grammar_cache_dir() -> Path:
     return Path(base) / "stemma" / "grammar"
 
 
+MAX_ROLLBACK = 1024  # tokens a Matcher can undo (jump-forward drafts are capped below this)
+
+
 class CompiledGrammar:
     """One pattern's Index plus per-state caches shared by all its matchers.
 
@@ -132,7 +135,8 @@ class Matcher:
         self.state: int = grammar.index.get_initial_state()
         self.is_terminated = False  # EOS accepted
         self.num_accepted = 0
-        self._guide = Guide(grammar.index)  # advanced in lockstep; writes uncached mask rows
+        # Advanced in lockstep; writes uncached mask rows; can undo a rejected draft.
+        self._guide = Guide(grammar.index, max_rollback=MAX_ROLLBACK)
 
     @property
     def error(self) -> str | None:
@@ -161,6 +165,13 @@ class Matcher:
         self.state = self.grammar.index.get_next_state(self.state, token_id)
         self._guide.advance(token_id, return_tokens=False)
         self.num_accepted += 1
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last num_tokens accepted (non-EOS) tokens, at most MAX_ROLLBACK."""
+        if num_tokens:
+            self._guide.rollback_state(num_tokens)
+            self.state = self._guide.get_state()
+            self.num_accepted -= num_tokens
 
     def is_final(self) -> bool:
         """The text so far matches the whole pattern: EOS is allowed."""

@@ -1,8 +1,9 @@
 """OutputProcessor: from one forward's logits to appended tokens, logprobs and finish reasons.
 
-Per request it plans which logit rows the step needs (the last computed position when a
-token is to be sampled; every prompt position from logprob_start_len on when prompt
-logprobs were asked for), samples all requests at once, then checks stop conditions.
+Per request it plans which logit rows the step needs (the last verified token's position and
+each draft token's, when tokens are to be sampled; every prompt position from
+logprob_start_len on when prompt logprobs were asked for), samples all requests at once in
+rounds (runtime/draft.py), then checks stop conditions.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .draft import accept_into_grammar, drop_draft, make_draft
 from .forward_batch import ForwardBatch
 from .grammar import fill_bitmask
 from .model_runner import ModelRunner
@@ -24,7 +26,7 @@ from .tokenizer import Tokenizer
 class RowPlan:
     first_row: int  # this request's first row in the step's logits
     input_positions: list[int]  # prompt positions p whose logits score token p + 1
-    sample: bool  # the last planned row samples the next token
+    num_sample: int  # rows after those that sample (1 + draft length), 0 = none
 
 
 class OutputProcessor:
@@ -49,7 +51,8 @@ class OutputProcessor:
             input_ids.append(fill[start : start + n])
             out_loc += req.slots[start : start + n]
             plan = self.plan_rows(req, start, n, num_rows)
-            wanted = [p - start for p in plan.input_positions] + ([n - 1] if plan.sample else [])
+            sample_rows = list(range(n - plan.num_sample, n))
+            wanted = [p - start for p in plan.input_positions] + sample_rows
             logit_rows.append(wanted)
             num_rows += len(wanted)
             plans.append(plan)
@@ -65,7 +68,9 @@ class OutputProcessor:
             first = max(max(req.logprob.logprob_start_len, 1) - 1, start)
             last = min(len(req.input_ids) - 2, start + n - 1)
             positions = list(range(first, last + 1))
-        return RowPlan(first_row, positions, sample)
+        # The last token and each draft token's position: the rounds of verification.
+        num_sample = 1 + len(req.draft) if sample else 0
+        return RowPlan(first_row, positions, num_sample)
 
     # ---- after the forward ----------------------------------------------------------------
     def process(self, batch, plans: list[RowPlan], logits: torch.Tensor) -> list[Req]:
@@ -73,35 +78,69 @@ class OutputProcessor:
         for req, n in zip(batch.reqs, batch.num_new):
             req.kv_len += n
         self.record_input_logprobs(batch.reqs, plans, logits)
-        sampling = [(r, p) for r, p in zip(batch.reqs, plans) if p.sample]
+        active = [(r, p.first_row + len(p.input_positions))
+                  for r, p in zip(batch.reqs, plans) if p.num_sample]
+        round_idx = 0
+        while active:  # round r: position r of every request still verifying
+            active = self.sample_round(active, round_idx, logits)
+            round_idx += 1
         done: list[Req] = []
-        if sampling:
-            rows = [p.first_row + len(p.input_positions) for _, p in sampling]
-            reqs = [r for r, _ in sampling]
-            top_n = [r.logprob.top_logprobs_num if r.logprob.return_logprob else 0 for r in reqs]
-            matchers = [r.grammar for r in reqs]
-            bitmask = None
-            if any(m is not None for m in matchers):
-                bitmask = fill_bitmask(matchers, self.sampler.vocab_size).to(logits.device)
-            try:
-                out = self.sampler.sample(logits[rows], [r.sampling for r in reqs], bitmask, top_n)
-                dead: set[int] = set()
-            except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
-                out, dead = e.output, set(e.row_idxs)
-            for i, req in enumerate(reqs):
-                if i in dead:
-                    req.finish = FinishReason("abort", message="no token is allowed: every "
-                                              "logit was masked (constraint or bias)")
-                    continue
-                self.append_token(req, out.next_ids[i], out.logprobs[i], out.top_logprobs, i)
-                if req.grammar is not None:
-                    self.advance_grammar(req, out.next_ids[i])
         for req in batch.reqs:
-            if req.finish is None and not req.is_prefilling:
+            if req.finish is None and not req.is_prefilling and not req.draft:
                 req.finish = self.check_finish(req)
+                if req.finish is None and self.jump_forward:
+                    make_draft(req, self.tokenizer)
             if req.finish is not None:
                 done.append(req)
         return done
+
+    def sample_round(self, active: list[tuple[Req, int]], r: int, logits) -> list[tuple[Req, int]]:
+        """Sample position r for each request; keep those whose draft token was confirmed."""
+        live = []
+        for req, row in active:
+            if req.grammar is not None and req.grammar.is_finished():
+                drop_draft(req, r)  # the constraint is complete: nothing more to sample
+                req.finish = req.finish or FinishReason("stop", matched=None)
+            else:
+                live.append((req, row))
+        if not live:
+            return []
+        reqs = [req for req, _ in live]
+        out, dead = self.sample(reqs, logits[[row + r for _, row in live]])
+        still = []
+        for i, (req, row) in enumerate(live):
+            if i in dead:
+                drop_draft(req, r)
+                req.finish = FinishReason("abort", message="no token is allowed: every logit "
+                                          "was masked (constraint or bias)")
+                continue
+            token = out.next_ids[i]
+            confirmed = r < len(req.draft) and token == req.draft[r]
+            if not confirmed:
+                drop_draft(req, r)
+            self.append_token(req, token, out.logprobs[i], out.top_logprobs, i)
+            req.num_forced_tokens += confirmed
+            accept_into_grammar(req, token, self.eos_ids)
+            if req.finish is None and (stop := self.check_finish(req)) is not None:
+                req.finish = stop
+            if req.finish is not None:
+                if req.draft:  # finished on a confirmed token: the rest of the draft goes
+                    drop_draft(req, r + 1)
+            elif confirmed:
+                still.append((req, row))
+        return still
+
+    def sample(self, reqs: list[Req], logits: torch.Tensor):
+        """One sampler call over these rows, under their constraints' masks."""
+        matchers = [r.grammar for r in reqs]
+        bitmask = None
+        if any(m is not None for m in matchers):
+            bitmask = fill_bitmask(matchers, self.sampler.vocab_size).to(logits.device)
+        top_n = [r.logprob.top_logprobs_num if r.logprob.return_logprob else 0 for r in reqs]
+        try:
+            return self.sampler.sample(logits, [r.sampling for r in reqs], bitmask, top_n), set()
+        except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
+            return e.output, set(e.row_idxs)
 
     def record_input_logprobs(self, reqs: list[Req], plans: list[RowPlan], logits) -> None:
         for req, plan in zip(reqs, plans):
@@ -129,35 +168,6 @@ class OutputProcessor:
             req.output_logprobs.append((logprob, token))
             if req.logprob.top_logprobs_num > 0 and top is not None:
                 req.output_top_logprobs.append(top[i])
-
-    def advance_grammar(self, req: Req, token: int) -> None:
-        """Move the constraint over the sampled token, then append what it forces next
-        (jump-forward: those tokens get their K/V in the next step, without sampling)."""
-        m = req.grammar
-        try:
-            m.accept_token(token)
-        except ValueError as err:  # cannot happen under the mask; never continue off-grammar
-            req.finish = FinishReason("abort", message=f"constraint: {err}")
-            return
-        if token in self.eos_ids:
-            return
-        if m.is_finished():
-            req.finish = FinishReason("stop", matched=None)
-            return
-        if not self.jump_forward:
-            return
-        room = req.params.max_new_tokens - len(req.output_ids)
-        forced = m.jump_forward(self.tokenizer)[:room] if room > 0 else []
-        for t in forced:
-            req.output_ids.append(t)
-            req.sampling.record(t)
-            if req.logprob.return_logprob:  # forced, not sampled: no model logprob
-                req.output_logprobs.append((None, t))
-                if req.logprob.top_logprobs_num > 0:
-                    req.output_top_logprobs.append([])
-        req.num_forced_tokens += len(forced)
-        if forced and m.is_finished():
-            req.finish = FinishReason("stop", matched=None)
 
     def check_finish(self, req: Req) -> FinishReason | None:
         p = req.params

@@ -2,7 +2,8 @@
 
 Slot ownership: slots[:num_tree_slots] belong to the radix tree (locked through last_node);
 slots[num_tree_slots:] are the request's private slots (allocated in whole pages). Tokens
-fill_ids[:kv_len] have their K/V written; the rest are still to compute.
+fill_ids[:kv_len] have their K/V written; the rest are still to compute. fill_ids ends with
+the unverified draft (runtime/draft.py), which output_ids never contains.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Req:
     finish: FinishReason | None = None
     grammar_handle: Any = None  # a compiling constraint (GrammarHandle); admitted when ready
     grammar: Any = None  # its Matcher, once compiled
-    num_forced_tokens: int = 0  # appended by jump-forward, without a forward
+    draft: list[int] = field(default_factory=list)  # forced by the constraint, not yet verified
+    num_forced_tokens: int = 0  # verified draft tokens (they needed no forward of their own)
 
     # Logprobs gathered so far: (logprob, token_id) and per-position top lists.
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
@@ -69,11 +71,11 @@ class Req:
 
     @property
     def fill_ids(self) -> list[int]:
-        return self.input_ids + self.output_ids
+        return self.input_ids + self.output_ids + self.draft
 
     @property
     def seq_len(self) -> int:
-        return len(self.input_ids) + len(self.output_ids)
+        return len(self.input_ids) + len(self.output_ids) + len(self.draft)
 
     @property
     def num_private_slots(self) -> int:
@@ -81,7 +83,8 @@ class Req:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.kv_len < len(self.input_ids)
+        """More than the newest token lacks K/V (a prompt, or a sequence after retraction)."""
+        return self.kv_len < len(self.input_ids) + len(self.output_ids) - 1
 
     @property
     def num_pending(self) -> int:
@@ -96,7 +99,7 @@ class Req:
         """How much of the prompt may come from the cache: at least one token is computed
         (its logits give the first output), and prompt logprobs need logits from
         position max(start, 1) - 1 on."""
-        limit = len(self.input_ids) - 1
+        limit = len(self.input_ids) + len(self.output_ids) - 1
         if self.wants_input_logprobs:
             limit = min(limit, max(self.logprob.logprob_start_len, 1) - 1)
         return max(limit, 0)
