@@ -1,8 +1,8 @@
 """`python -m stemma` / `stemma`: the command line.
 
-  stemma demo [--model M]          run the branching-agent example on the built-in model
-  stemma generate "prompt" [...]   one chat completion, printed
-  stemma serve [options]           the HTTP server (SGLang /generate + OpenAI API)
+stemma demo [--model M]          run the branching-agent example on the built-in model
+stemma generate "prompt" [...]   one chat completion, printed
+stemma serve [options]           the HTTP server (SGLang /generate + OpenAI API)
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def _generate(argv: list[str]) -> int:
 
     with Engine(args.model) as engine:
         text = engine.apply_chat_template([{"role": "user", "content": args.prompt}])
-        out = engine.generate(text, {"max_new_tokens": args.max_new_tokens,
-                                     "temperature": args.temperature})
+        out = engine.generate(
+            text, {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+        )
     print(out["text"])
     return 0
 

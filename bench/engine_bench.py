@@ -43,8 +43,14 @@ def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> None:
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
-        hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        hf.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
 
 
 def greedy(new_tokens: int) -> dict[str, Any]:
@@ -58,23 +64,37 @@ def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
         prompts = [[rng.randrange(100, 40000) for _ in range(32)] for _ in range(batch)]
         n = args.new_tokens
 
-        def run_engine() -> None:
+        def run_engine(prompts: list[list[int]] = prompts) -> None:
             engine.flush_cache()
-            engine.generate(input_ids=prompts, sampling_params=greedy(n))
+            engine.generate(input_ids=prompts, sampling_params=greedy(args.new_tokens))
+
+        def run_hf(prompts: list[list[int]] = prompts) -> None:
+            hf_generate(hf, prompts, args.new_tokens)
 
         t_engine, _ = median_time(run_engine, args.repeats)
-        t_hf, _ = median_time(lambda: hf_generate(hf, prompts, n), args.repeats)
-        rows.append({"workload": f"decode b={batch} in=32 out={n}", "metric": "tokens/s",
-                     "stemma": batch * n / t_engine, "hf": batch * n / t_hf,
-                     "ratio": t_hf / t_engine})
+        t_hf, _ = median_time(run_hf, args.repeats)
+        rows.append(
+            {
+                "workload": f"decode b={batch} in=32 out={n}",
+                "metric": "tokens/s",
+                "stemma": batch * n / t_engine,
+                "hf": batch * n / t_hf,
+                "ratio": t_hf / t_engine,
+            }
+        )
     return rows
 
 
 def fanout_prompts(engine: Engine, num: int) -> tuple[list[int], list[list[int]]]:
     rng = random.Random(1)
     system = engine.tokenize(SYSTEM * 40)[:1000]
-    questions = [engine.tokenize(f" Question {i}: what does rule {rng.randrange(999)} say "
-                                 f"about release {rng.randrange(99)}?")[:20] for i in range(num)]
+    questions = [
+        engine.tokenize(
+            f" Question {i}: what does rule {rng.randrange(999)} say "
+            f"about release {rng.randrange(99)}?"
+        )[:20]
+        for i in range(num)
+    ]
     return system, [system + q for q in questions]
 
 
@@ -94,10 +114,22 @@ def bench_fanout(engine: Engine, nocache: Engine, hf, args) -> list[dict[str, An
     t_hf = t_hf_sample * len(prompts) / len(sample)
     wl = f"fanout 64 x (1000 shared + 20) out={n}"
     return [
-        {"workload": wl, "metric": "seconds", "stemma": t_engine, "baseline": "hf sequential",
-         "hf": t_hf, "ratio": t_hf / t_engine},
-        {"workload": wl, "metric": "seconds", "stemma": t_engine, "baseline": "radix cache off",
-         "nocache": t_nocache, "ratio": t_nocache / t_engine},
+        {
+            "workload": wl,
+            "metric": "seconds",
+            "stemma": t_engine,
+            "baseline": "hf sequential",
+            "hf": t_hf,
+            "ratio": t_hf / t_engine,
+        },
+        {
+            "workload": wl,
+            "metric": "seconds",
+            "stemma": t_engine,
+            "baseline": "radix cache off",
+            "nocache": t_nocache,
+            "ratio": t_nocache / t_engine,
+        },
     ]
 
 
@@ -109,8 +141,9 @@ def bench_stream(engine: Engine, args) -> list[dict[str, Any]]:
     threads = []
     for _ in range(args.stream_requests):
         prompt = [rng.randrange(100, 40000) for _ in range(rng.randrange(64, 256))]
-        t = threading.Thread(target=engine.generate,
-                             kwargs={"input_ids": prompt, "sampling_params": greedy(32)})
+        t = threading.Thread(
+            target=engine.generate, kwargs={"input_ids": prompt, "sampling_params": greedy(32)}
+        )
         t.start()
         threads.append(t)
         time.sleep(rng.expovariate(args.stream_rate))
@@ -118,20 +151,27 @@ def bench_stream(engine: Engine, args) -> list[dict[str, Any]]:
         t.join()
     after = engine.get_metrics()
     k = len(before["ttft"])
-    ttft, tpot = after["ttft"][k:], after["tpot"][len(before["tpot"]):]
+    ttft, tpot = after["ttft"][k:], after["tpot"][len(before["tpot"]) :]
     wl = f"stream {args.stream_requests} req, rate {args.stream_rate}/s, in 64-256, out 32"
 
     def pct(xs: list[float], q: float) -> float:
         return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else xs[0]
 
-    return [{"workload": wl, "metric": m, "stemma": v} for m, v in (
-        ("ttft_p50_s", pct(ttft, 50)), ("ttft_p99_s", pct(ttft, 99)),
-        ("tpot_p50_s", pct(tpot, 50)), ("tpot_p99_s", pct(tpot, 99)))]
+    return [
+        {"workload": wl, "metric": m, "stemma": v}
+        for m, v in (
+            ("ttft_p50_s", pct(ttft, 50)),
+            ("ttft_p99_s", pct(ttft, 99)),
+            ("tpot_p50_s", pct(tpot, 50)),
+            ("tpot_p99_s", pct(tpot, 99)),
+        )
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--workloads", default="decode,fanout,stream")
@@ -152,8 +192,9 @@ def main(argv: list[str] | None = None) -> None:
         if "decode" in workloads:
             rows += bench_decode(engine, hf, args)
         if "fanout" in workloads:
-            with Engine(args.model, dtype=args.dtype, kv_cache_mb=1024,
-                        disable_radix_cache=True) as nocache:
+            with Engine(
+                args.model, dtype=args.dtype, kv_cache_mb=1024, disable_radix_cache=True
+            ) as nocache:
                 rows += bench_fanout(engine, nocache, hf, args)
         if "stream" in workloads:
             rows += bench_stream(engine, args)

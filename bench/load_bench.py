@@ -31,8 +31,12 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "total_s": t2 - t0,
 
 
 def load_once(model: str, dtype: str, cache_dir: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, model, dtype, cache_dir],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, model, dtype, cache_dir],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -50,8 +54,13 @@ def main(argv: list[str] | None = None) -> None:
             warm.append(load_once(args.model, args.dtype, cache))
     for name, runs in (("cold (convert GGUF)", cold), ("warm (cached)", warm)):
         for metric in ("load_s", "total_s", "peak_rss_mb"):
-            rows.append({"workload": f"load {args.model} {args.dtype} {name}", "metric": metric,
-                         "value": statistics.median(r[metric] for r in runs)})
+            rows.append(
+                {
+                    "workload": f"load {args.model} {args.dtype} {name}",
+                    "metric": metric,
+                    "value": statistics.median(r[metric] for r in runs),
+                }
+            )
     print_table(rows, ["workload", "metric", "value"])
     print("appended to", append_results("load_bench", rows))
 

@@ -23,6 +23,8 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # most prompt tokens in one step
     disable_radix_cache: bool = False
     enable_jump_forward: bool = True  # append text a constraint forces without a forward
+    grammar_timeout_s: float = 20.0  # a constraint compiling longer fails its request
+    grammar_max_index_mb: int = 256  # a compiled constraint larger than this fails its request
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
     random_seed: int = 0
@@ -37,12 +39,21 @@ class EngineConfig:
                 f"got {self.attention_backend!r}"
             )
         if self.schedule_policy not in ("lpm", "fcfs"):
-            raise ValueError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
-        positive = ("kv_cache_mb", "page_size", "max_running_requests", "chunked_prefill_size",
-                    "max_prefill_tokens")
+            raise ValueError(
+                f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}"
+            )
+        positive = (
+            "kv_cache_mb",
+            "page_size",
+            "max_running_requests",
+            "chunked_prefill_size",
+            "max_prefill_tokens",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.grammar_timeout_s <= 0 or self.grammar_max_index_mb < 1:
+            raise ValueError("grammar_timeout_s must be > 0 and grammar_max_index_mb >= 1")
         for name in ("max_total_tokens", "context_length", "num_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -12,12 +12,14 @@ from .constraint_spec import ConstraintSpec, resolve
 from .grammar import GrammarHandle, GrammarService
 from .sampling_params import SamplingParams
 from .tokenizer import Tokenizer
+from .vocabulary import CompileLimits
 
 
 class Constraints:
-    def __init__(self, tokenizer: Tokenizer, cache_dir: Path | None):
+    def __init__(self, tokenizer: Tokenizer, cache_dir: Path | None, limits: CompileLimits):
         self.tokenizer = tokenizer
         self.cache_dir = cache_dir
+        self.limits = limits
         self._service: GrammarService | None = None
 
     @property
@@ -26,14 +28,15 @@ class Constraints:
             from .vocabulary import Vocabulary
 
             vocab = Vocabulary.from_tokenizer(self.tokenizer)
-            self._service = GrammarService(vocab, cache_dir=self.cache_dir)
+            self._service = GrammarService(vocab, cache_dir=self.cache_dir, limits=self.limits)
         return self._service
 
     def submit(self, params: SamplingParams) -> GrammarHandle | None:
         """Start compiling params' constraint; None if it has none. ValueError on bad input."""
         if params.ebnf is not None or params.structural_tag is not None:
-            raise ValueError("ebnf and structural_tag constraints are not supported; "
-                             "use regex or json_schema")
+            raise ValueError(
+                "ebnf and structural_tag constraints are not supported; use regex or json_schema"
+            )
         if params.regex is None and params.json_schema is None:
             return None
         spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema)

@@ -28,6 +28,7 @@ from .response import ResponseBuilder, StreamText, final_text
 from .sampler import Sampler, SamplingState
 from .scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer
+from .vocabulary import CompileLimits
 
 log = logging.getLogger("stemma.engine")
 Event = tuple[int, dict[str, Any], bool]  # (item index, output dict, is_final)
@@ -44,10 +45,16 @@ class Engine:
         self.runner = ModelRunner(cfg, loaded)
         self.vocab_size = loaded.config.vocab_size
         sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
-        self.outputs = OutputProcessor(self.tokenizer, sampler, self.runner.context_len,
-                                       cfg.enable_jump_forward)
-        grammar_dir = Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else default_grammar_cache_dir()
-        self.constraints = Constraints(self.tokenizer, grammar_dir)
+        self.outputs = OutputProcessor(
+            self.tokenizer, sampler, self.runner.context_len, cfg.enable_jump_forward
+        )
+        grammar_dir = (
+            Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else default_grammar_cache_dir()
+        )
+        limits = CompileLimits(
+            timeout_s=cfg.grammar_timeout_s, max_index_bytes=cfg.grammar_max_index_mb << 20
+        )
+        self.constraints = Constraints(self.tokenizer, grammar_dir, limits)
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
@@ -83,8 +90,9 @@ class Engine:
         return self.generate(text, sampling_params, input_ids, stream=True, **fields)
 
     async def async_generate_stream(self, text=None, sampling_params=None, input_ids=None, **kw):
-        async for chunk in await self.async_generate(text, sampling_params, input_ids,
-                                                     stream=True, **kw):
+        async for chunk in await self.async_generate(
+            text, sampling_params, input_ids, stream=True, **kw
+        ):
             yield chunk
 
     def abort(self, rid: str, message: str = "aborted by the caller") -> None:
@@ -148,7 +156,9 @@ class Engine:
                 f"{self.runner.allocator.capacity} (raise kv_cache_mb or max_total_tokens)"
             )
         if max(ids) >= self.vocab_size:
-            raise ValueError(f"input_ids contain {max(ids)}, outside the vocabulary ({self.vocab_size})")
+            raise ValueError(
+                f"input_ids contain {max(ids)}, outside the vocabulary ({self.vocab_size})"
+            )
         if item.logprob.logprob_start_len >= len(ids):
             raise ValueError(
                 f"logprob_start_len={item.logprob.logprob_start_len} is not below the prompt "
@@ -301,12 +311,21 @@ class Engine:
             if req.finish is not None:
                 del self._handles[req.rid]
                 self.metrics.on_finish(req)
-                handle.sink((handle.index, self.responses.build(req, final_text(self.tokenizer, req)), True))
+                out = self.responses.build(req, final_text(self.tokenizer, req))
+                self._deliver(handle, req, (handle.index, out, True))
             elif handle.stream is not None and len(req.output_ids) > handle.stream.num_ids:
                 text = handle.stream.update(req)
-                handle.sink((handle.index, self.responses.build(req, text), False))
+                self._deliver(handle, req, (handle.index, self.responses.build(req, text), False))
             if req.output_ids and req.first_token_time is None:
                 self.metrics.on_first_token(req)
+
+    def _deliver(self, handle: Handle, req: Req, event: Event) -> None:
+        try:
+            handle.sink(event)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening
+            log.warning("request %s: caller went away; aborting it", req.rid)
+            if req.finish is None:
+                self._apply(("abort", req.rid, "the caller's event loop closed"))
 
     def _fail_batch(self, message: str) -> list[Req]:
         batch = self.scheduler.last_batch

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .req import Req
 from .response import StreamText
@@ -23,7 +24,9 @@ class Handle:
 @dataclass(slots=True)
 class EngineMetrics:
     num_requests: int = 0
-    num_finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    num_finished: dict[str, int] = field(
+        default_factory=lambda: {"stop": 0, "length": 0, "abort": 0}
+    )
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cached_tokens: int = 0

@@ -80,9 +80,9 @@ class ForwardBatch:
         for s in seq_lens:
             kv_indptr.append(kv_indptr[-1] + s)
         rows = torch.tensor(req_pool_idx, dtype=torch.int64)
-        kv_indices = torch.cat(
-            [req_to_token[r, :s] for r, s in zip(rows.tolist(), seq_lens)]
-        ).to(torch.int32)
+        kv_indices = torch.cat([req_to_token[r, :s] for r, s in zip(rows.tolist(), seq_lens)]).to(
+            torch.int32
+        )
         if logit_rows is None:
             logits_idx = [qo_indptr[i + 1] - 1 for i in range(len(extend_lens))]
         else:

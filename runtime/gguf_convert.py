@@ -58,7 +58,9 @@ def read_gguf_config(reader: Any) -> dict[str, Any]:
 
     arch = field("general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {list(ARCHITECTURES)}")
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; supported: {list(ARCHITECTURES)}"
+        )
     hidden = field(f"{arch}.embedding_length")
     num_heads = field(f"{arch}.attention.head_count")
     has_output = any(t.name == "output.weight" for t in reader.tensors)

@@ -14,8 +14,16 @@ from .req import LogprobRequest
 from .sampling_params import SamplingParams
 
 REQUEST_FIELDS = (
-    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "stream",
+    "text",
+    "input_ids",
+    "sampling_params",
+    "rid",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_text_in_logprobs",
+    "stream",
 )
 
 
@@ -55,8 +63,11 @@ class GenerateRequest:
             for j in range(sp.n):
                 rid = base if sp.n == 1 else f"{base}-{j}"
                 is_text = isinstance(prompt, str)
-                items.append(GenerateItem(rid, prompt if is_text else None,
-                                          None if is_text else prompt, sp, logprob))
+                items.append(
+                    GenerateItem(
+                        rid, prompt if is_text else None, None if is_text else prompt, sp, logprob
+                    )
+                )
         stream = d.get("stream", False)
         if not isinstance(stream, bool):
             raise TypeError(f"stream must be a bool, got {stream!r}")
@@ -72,8 +83,10 @@ def _prompts(text: Any, ids: Any) -> tuple[list[str | list[int]], bool]:
         raise TypeError("text must be a string or a non-empty list of strings")
     if isinstance(ids, list) and ids and all(_is_id(t) for t in ids):
         return [list(ids)], False
-    if isinstance(ids, list) and ids and all(
-        isinstance(x, list) and x and all(_is_id(t) for t in x) for x in ids
+    if (
+        isinstance(ids, list)
+        and ids
+        and all(isinstance(x, list) and x and all(_is_id(t) for t in x) for x in ids)
     ):
         return [list(x) for x in ids], True
     raise TypeError("input_ids must be a non-empty list of token ids or a list of such lists")

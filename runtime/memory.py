@@ -44,7 +44,9 @@ class ReqToTokenPool:
     """req_to_token[row, position] -> slot, one row per running request."""
 
     def __init__(self, max_running: int, max_context: int, device: torch.device | str = "cpu"):
-        self.req_to_token = torch.zeros((max_running, max_context), dtype=torch.int32, device=device)
+        self.req_to_token = torch.zeros(
+            (max_running, max_context), dtype=torch.int32, device=device
+        )
         self.max_context = max_context
         self._free_rows = list(range(max_running))
 

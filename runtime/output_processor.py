@@ -78,8 +78,11 @@ class OutputProcessor:
         for req, n in zip(batch.reqs, batch.num_new):
             req.kv_len += n
         self.record_input_logprobs(batch.reqs, plans, logits)
-        active = [(r, p.first_row + len(p.input_positions))
-                  for r, p in zip(batch.reqs, plans) if p.num_sample]
+        active = [
+            (r, p.first_row + len(p.input_positions))
+            for r, p in zip(batch.reqs, plans)
+            if p.num_sample
+        ]
         round_idx = 0
         while active:  # round r: position r of every request still verifying
             active = self.sample_round(active, round_idx, logits)
@@ -111,8 +114,10 @@ class OutputProcessor:
         for i, (req, row) in enumerate(live):
             if i in dead:
                 drop_draft(req, r)
-                req.finish = FinishReason("abort", message="no token is allowed: every logit "
-                                          "was masked (constraint or bias)")
+                req.finish = FinishReason(
+                    "abort",
+                    message="no token is allowed: every logit was masked (constraint or bias)",
+                )
                 continue
             token = out.next_ids[i]
             confirmed = r < len(req.draft) and token == req.draft[r]

@@ -107,8 +107,11 @@ class Scheduler:
             if not self.start(req, prefix, node, n):
                 if not (self.running or admitted):  # it cannot fit even in an empty pool
                     self.waiting.remove(req)
-                    req.finish = FinishReason("abort", message="the request needs more KV "
-                                              f"slots than the pool has ({self.alloc.capacity})")
+                    req.finish = FinishReason(
+                        "abort",
+                        message="the request needs more KV "
+                        f"slots than the pool has ({self.alloc.capacity})",
+                    )
                     self.rejected.append(req)
                 break
             available -= need

@@ -45,7 +45,9 @@ def build_tiny_checkpoint(
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
     )
     (out / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": template})
+        json.dumps(
+            {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": template}
+        )
     )
     common = dict(
         vocab_size=tok.get_vocab_size(),
@@ -92,7 +94,6 @@ class SchedulerHarness:
 
     def __init__(self, ckpt: Path, **config):
         import torch
-
         from stemma.runtime.config import EngineConfig
         from stemma.runtime.loader import DTYPES, load_model
         from stemma.runtime.model_runner import ModelRunner

@@ -4,7 +4,6 @@ fork's branches are served from the cached shared prefix."""
 from __future__ import annotations
 
 import pytest
-
 import stemma
 from stemma import assistant, function, gen, system, user
 from stemma.examples import branching_agent, few_shot_classify
@@ -33,9 +32,9 @@ def test_fork_of_eight_branches_hits_the_shared_prefix(runtime):
     @function
     def fan(s):
         s += system("You are a concise assistant who answers in one short sentence.")
-        s += user("Name a color that starts with the letter " + "B" * 1 + ", and say why.")
+        s += user("Name a color that starts with the letter B, and say why.")
         branches = s.fork(8)
-        for i, b in enumerate(branches):
+        for b in branches:
             b += assistant(gen("answer", max_tokens=8, temperature=0.7, top_p=0.9))
         return [b.get_meta_info("answer") for b in branches]
 

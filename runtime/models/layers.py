@@ -64,7 +64,9 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, max_position: int, dtype: torch.dtype):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
         pos = torch.arange(max_position, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]  # [max_position, head_dim / 2]
         emb = torch.cat([freqs, freqs], dim=-1)

@@ -29,7 +29,9 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = MergedLinear(cfg.hidden_size, [q_size, kv_size, kv_size], cfg.qkv_bias, dtype)
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, [q_size, kv_size, kv_size], cfg.qkv_bias, dtype
+        )
         self.o_proj = Linear(q_size, cfg.hidden_size, cfg.o_bias, dtype)
         self.sm_scale = cfg.head_dim**-0.5
 
@@ -86,8 +88,10 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(
-            cfg.hidden_size, cfg.vocab_size, False, dtype
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
         )
 
     @torch.inference_mode()

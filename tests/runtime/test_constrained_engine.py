@@ -11,7 +11,6 @@ import threading
 
 import jsonschema
 import pytest
-
 from stemma.runtime.constraint_spec import ConstraintSpec
 from stemma.runtime.engine import Engine
 
@@ -77,8 +76,13 @@ def engine_schemas(schema_corpus) -> list[dict]:
 
 
 def schema_requests(schemas) -> list[dict]:
-    return [{"json_schema": json.dumps(s), "_ask": "Reply with a JSON object for this schema: "
-             + json.dumps(s)} for s in schemas]
+    return [
+        {
+            "json_schema": json.dumps(s),
+            "_ask": "Reply with a JSON object for this schema: " + json.dumps(s),
+        }
+        for s in schemas
+    ]
 
 
 SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "seed": 1}, {"temperature": 1.0, "seed": 7}]
@@ -133,8 +137,9 @@ def test_jump_forward_keeps_greedy_output(schema_corpus, regex_corpus):
     schemas = engine_schemas(schema_corpus)
     texts, steps = {}, {}
     for jf in (True, False):
-        with Engine("smollm2-135m", dtype="float64", kv_cache_mb=256,
-                    enable_jump_forward=jf) as engine:
+        with Engine(
+            "smollm2-135m", dtype="float64", kv_cache_mb=256, enable_jump_forward=jf
+        ) as engine:
             reqs = schema_requests(schemas) + regex_requests(regex_corpus[:4])
             outs = run_corpus(engine, reqs, {"temperature": 0})
             texts[jf] = [o["text"] for o in outs]
@@ -148,8 +153,9 @@ def test_bad_constraints_fail_only_their_request(engines):
     results: dict[str, object] = {}
 
     def normal() -> None:
-        results["normal"] = engine.generate(prompt(engine, "Say hello."),
-                                            {"max_new_tokens": 24, "temperature": 0})
+        results["normal"] = engine.generate(
+            prompt(engine, "Say hello."), {"max_new_tokens": 24, "temperature": 0}
+        )
 
     t = threading.Thread(target=normal)
     t.start()
@@ -158,21 +164,32 @@ def test_bad_constraints_fail_only_their_request(engines):
     with pytest.raises(ValueError, match="lookahead"):
         engine.generate("x", {"regex": "(?=a)b"})
     with pytest.raises(ValueError, match="minimum"):
-        engine.generate("x", {"json_schema": json.dumps(
-            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}})})
+        engine.generate(
+            "x",
+            {
+                "json_schema": json.dumps(
+                    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}
+                )
+            },
+        )
     t.join()
     assert results["normal"]["meta_info"]["finish_reason"]["type"] in ("stop", "length")
 
 
 def test_constraint_over_compile_limit_fails_that_request_only():
-    huge = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 400}},
-            "required": ["s"]}
-    with Engine("smollm2-135m", dtype="bfloat16", kv_cache_mb=128,
-                grammar_timeout_s=0.5) as engine:
+    huge = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "maxLength": 400}},
+        "required": ["s"],
+    }
+    with Engine("smollm2-135m", dtype="bfloat16", kv_cache_mb=128, grammar_timeout_s=0.5) as engine:
         outs = engine.generate(
             [prompt(engine, "Write JSON."), prompt(engine, "Say hi.")],
-            [{"json_schema": json.dumps(huge), "max_new_tokens": 16},
-             {"max_new_tokens": 8, "temperature": 0}])
+            [
+                {"json_schema": json.dumps(huge), "max_new_tokens": 16},
+                {"max_new_tokens": 8, "temperature": 0},
+            ],
+        )
         again = engine.generate(prompt(engine, "Say hi."), {"max_new_tokens": 8})
     failed, fine = outs
     assert failed["meta_info"]["finish_reason"]["type"] == "abort"

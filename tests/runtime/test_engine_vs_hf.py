@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
 from stemma.runtime.engine import Engine
 
 N = 10
 
 
-def test_sixteen_requests_arriving_at_different_steps(tiny_llama_dir, harness_factory, hf_ref,
-                                                      make_prompts):
-    h = harness_factory(tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=32,
-                        max_prefill_tokens=64)
+def test_sixteen_requests_arriving_at_different_steps(
+    tiny_llama_dir, harness_factory, hf_ref, make_prompts
+):
+    h = harness_factory(
+        tiny_llama_dir, max_total_tokens=4096, chunked_prefill_size=32, max_prefill_tokens=64
+    )
     prompts = make_prompts([3, 50, 7, 1, 33, 12, 90, 5, 18, 64, 2, 40, 9, 27, 71, 15], 384, 7)
     reqs = []
     for i, p in enumerate(prompts):  # one new arrival per step, while others decode
@@ -20,8 +21,9 @@ def test_sixteen_requests_arriving_at_different_steps(tiny_llama_dir, harness_fa
         h.step()
     h.run()
     assert [r.output_ids for r in reqs] == [hf_ref.greedy(tiny_llama_dir, p, N) for p in prompts]
-    assert any(len(s) > 1 and max(s.values()) > 1 and 1 in s.values() for s in h.steps), \
+    assert any(len(s) > 1 and max(s.values()) > 1 and 1 in s.values() for s in h.steps), (
         "some step should mix a prefill chunk with decodes"
+    )
 
 
 def test_cache_hit_for_most_of_the_prompt(tiny_llama_dir, harness_factory, hf_ref, make_prompts):
@@ -57,13 +59,22 @@ def test_retraction_under_a_tiny_pool(tiny_llama_dir, harness_factory, hf_ref, m
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_engine_generate_matches_hf(tiny_llama_dir, hf_ref, make_prompts, page_size):
     prompts = make_prompts([5, 17, 30, 2], 384, 11)
-    with Engine(str(tiny_llama_dir), dtype="float64", max_total_tokens=1024,
-                page_size=page_size, chunked_prefill_size=16) as engine:
+    with Engine(
+        str(tiny_llama_dir),
+        dtype="float64",
+        max_total_tokens=1024,
+        page_size=page_size,
+        chunked_prefill_size=16,
+    ) as engine:
         engine.check_invariants = True
-        outs = engine.generate(input_ids=prompts, sampling_params={
-            "max_new_tokens": N, "temperature": 0, "ignore_eos": True})
-        again = engine.generate(input_ids=prompts[2] + [7, 8], sampling_params={
-            "max_new_tokens": N, "temperature": 0, "ignore_eos": True})
+        outs = engine.generate(
+            input_ids=prompts,
+            sampling_params={"max_new_tokens": N, "temperature": 0, "ignore_eos": True},
+        )
+        again = engine.generate(
+            input_ids=prompts[2] + [7, 8],
+            sampling_params={"max_new_tokens": N, "temperature": 0, "ignore_eos": True},
+        )
     assert [o["output_ids"] for o in outs] == [hf_ref.greedy(tiny_llama_dir, p, N) for p in prompts]
     assert again["output_ids"] == hf_ref.greedy(tiny_llama_dir, prompts[2] + [7, 8], N)
     assert again["meta_info"]["cached_tokens"] >= 30 - 30 % page_size - page_size
@@ -73,9 +84,14 @@ def test_seeded_sampling_is_reproducible(tiny_llama_dir):
     params = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 1234}
     with Engine(str(tiny_llama_dir), dtype="float32", max_total_tokens=1024) as engine:
         alone = engine.generate("The quick brown fox", params)["output_ids"]
-        batch = engine.generate(["Hello", "The quick brown fox", "Paris"],
-                                [{"max_new_tokens": 12, "temperature": 1.0}, params,
-                                 {"max_new_tokens": 5, "temperature": 0.7}])
+        batch = engine.generate(
+            ["Hello", "The quick brown fox", "Paris"],
+            [
+                {"max_new_tokens": 12, "temperature": 1.0},
+                params,
+                {"max_new_tokens": 5, "temperature": 0.7},
+            ],
+        )
         other = engine.generate("The quick brown fox", {**params, "seed": 99})["output_ids"]
     assert batch[1]["output_ids"] == alone
     assert other != alone
@@ -83,11 +99,17 @@ def test_seeded_sampling_is_reproducible(tiny_llama_dir):
 
 def test_prompt_logprobs_equal_hf(tiny_llama_dir, hf_ref, make_prompts):
     [p] = make_prompts([25], 384, 12)
-    with Engine(str(tiny_llama_dir), dtype="float64", max_total_tokens=1024,
-                chunked_prefill_size=8) as engine:
+    with Engine(
+        str(tiny_llama_dir), dtype="float64", max_total_tokens=1024, chunked_prefill_size=8
+    ) as engine:
         engine.generate(input_ids=p[:20], sampling_params={"max_new_tokens": 1})  # cache a prefix
-        out = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 2},
-                              return_logprob=True, logprob_start_len=3, top_logprobs_num=2)
+        out = engine.generate(
+            input_ids=p,
+            sampling_params={"max_new_tokens": 2},
+            return_logprob=True,
+            logprob_start_len=3,
+            top_logprobs_num=2,
+        )
     want = hf_ref.prompt_logprobs(tiny_llama_dir, p)[2:]  # positions 3..24
     got = out["meta_info"]["input_token_logprobs"]
     assert [t for _, t, _ in got] == p[3:]

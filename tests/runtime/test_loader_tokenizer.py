@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
 from stemma.runtime.loader import load_model, resolve_checkpoint
 from stemma.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -22,8 +21,11 @@ def copy_ckpt(src, dst, edit):
 
 
 def test_unknown_tensor_raises(tiny_llama_dir, tmp_path):
-    bad = copy_ckpt(tiny_llama_dir, tmp_path / "x",
-                    lambda t: t.__setitem__("model.extra.weight", torch.zeros(2)))
+    bad = copy_ckpt(
+        tiny_llama_dir,
+        tmp_path / "x",
+        lambda t: t.__setitem__("model.extra.weight", torch.zeros(2)),
+    )
     with pytest.raises(ValueError, match="unknown tensor 'model.extra.weight'"):
         load_model(str(bad))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.loader import load_model
 from stemma.runtime.model_runner import ModelRunner
@@ -38,8 +37,13 @@ class GreedyDriver:
     """Drives ModelRunner by hand: explicit slots, chunks and prefixes."""
 
     def __init__(self, ckpt, page_size: int = 1):
-        cfg = EngineConfig(model=str(ckpt), dtype="float64", max_total_tokens=4096,
-                           page_size=page_size, max_running_requests=16)
+        cfg = EngineConfig(
+            model=str(ckpt),
+            dtype="float64",
+            max_total_tokens=4096,
+            page_size=page_size,
+            max_running_requests=16,
+        )
         self.runner = ModelRunner(cfg, load_model(str(ckpt), torch.float64))
 
         self.owned: dict[int, list[int]] = {}  # row -> slots allocated to it (whole pages)
@@ -51,7 +55,9 @@ class GreedyDriver:
         return owned[start : start + num]
 
     def prefill(self, rows, prefix_lens, chunks) -> list[int]:
-        slots = [s for r, p, c in zip(rows, prefix_lens, chunks) for s in self.slots_for(r, p, len(c))]
+        slots = [
+            s for r, p, c in zip(rows, prefix_lens, chunks) for s in self.slots_for(r, p, len(c))
+        ]
         fb = self.runner.build_batch(rows, prefix_lens, chunks, slots)
         return self.runner.forward(fb).argmax(-1).tolist()
 
@@ -149,9 +155,8 @@ CHAT_PROMPTS = [
 @pytest.fixture(scope="module")
 def smollm2_fp32():
     """Our loader's model and HF's own GGUF loader (its own dequantization and q/k order)."""
-    from transformers import AutoModelForCausalLM
-
     from stemma.runtime.loader import BUILTIN_MODELS, resolve_checkpoint
+    from transformers import AutoModelForCausalLM
 
     ckpt = resolve_checkpoint("smollm2-135m")
     import importlib.util
@@ -171,8 +176,7 @@ def test_smollm2_fp32_matches_hf_greedy(smollm2_fp32):
     drv.owned = {}
     tok = drv.runner.model_tokenizer = load_model("smollm2-135m", torch.float32).tokenizer
     prompts = [
-        tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
-        for q in CHAT_PROMPTS
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in CHAT_PROMPTS
     ]
     ours, _ = drv.generate(prompts, n=32)
     for prompt, mine in zip(prompts, ours):

@@ -30,8 +30,9 @@ def test_shared_prefix_reports_its_length(tiny_llama_dir, harness_factory, make_
     assert b.cached_tokens == 23 - 23 % page_size
 
 
-def test_shared_uncached_prefix_computed_once_per_round(tiny_llama_dir, harness_factory,
-                                                        make_prompts):
+def test_shared_uncached_prefix_computed_once_per_round(
+    tiny_llama_dir, harness_factory, make_prompts
+):
     h = harness_factory(tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=512)
     shared, *tails = make_prompts([64, 3, 4, 5], 384, 3)
     for i, t in enumerate(tails):
@@ -43,8 +44,9 @@ def test_shared_uncached_prefix_computed_once_per_round(tiny_llama_dir, harness_
 
 
 def test_chunk_budget_limits_each_step(tiny_llama_dir, harness_factory, make_prompts):
-    h = harness_factory(tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=32,
-                        max_prefill_tokens=40)
+    h = harness_factory(
+        tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=32, max_prefill_tokens=40
+    )
     a, b = make_prompts([70, 20], 384, 4)
     h.add("a", a, max_new_tokens=2)
     h.add("b", b, max_new_tokens=2)
@@ -53,16 +55,20 @@ def test_chunk_budget_limits_each_step(tiny_llama_dir, harness_factory, make_pro
     assert all(sum(n for n in s.values() if n > 1) <= 40 for s in h.steps)
 
 
-def test_stop_string_spanning_two_tokens_stops_and_trims(tiny_llama_dir, harness_factory,
-                                                         make_prompts):
+def test_stop_string_spanning_two_tokens_stops_and_trims(
+    tiny_llama_dir, harness_factory, make_prompts
+):
     h = harness_factory(tiny_llama_dir, max_total_tokens=1024)
     [p] = make_prompts([8], 384, 5)
     free = h.add("free", p, max_new_tokens=12)
     h.run()
     tok = h.tokenizer
     pieces = [tok.decode([t]) for t in free.output_ids]
-    i = next(i for i in range(3, 11) if pieces[i] and pieces[i + 1] and pieces[i].isprintable()
-             and pieces[i + 1].isprintable())
+    i = next(
+        i
+        for i in range(3, 11)
+        if pieces[i] and pieces[i + 1] and pieces[i].isprintable() and pieces[i + 1].isprintable()
+    )
     stop = pieces[i][-1] + pieces[i + 1][0]  # straddles tokens i and i + 1
     text_before = "".join(pieces[: i + 1])
     stopped = h.add("stopped", p, max_new_tokens=12, stop=[stop])
@@ -94,8 +100,15 @@ def test_memory_invariant_under_random_churn(tiny_llama_dir, harness_factory):
     """600 requests: random lengths, shared prefixes, stops, aborts, a pool small enough to
     evict and retract; the slot invariant is checked after every step (by the harness)."""
     rng = random.Random(0)
-    h = harness_factory(tiny_llama_dir, dtype="float32", max_total_tokens=400, page_size=1,
-                        chunked_prefill_size=48, max_prefill_tokens=96, max_running_requests=24)
+    h = harness_factory(
+        tiny_llama_dir,
+        dtype="float32",
+        max_total_tokens=400,
+        page_size=1,
+        chunked_prefill_size=48,
+        max_prefill_tokens=96,
+        max_running_requests=24,
+    )
     systems = [[rng.randrange(3, 384) for _ in range(rng.randrange(5, 60))] for _ in range(6)]
     pending = list(range(600))
     live: list[str] = []
@@ -103,7 +116,9 @@ def test_memory_invariant_under_random_churn(tiny_llama_dir, harness_factory):
         for _ in range(rng.randrange(0, 6)):
             if pending:
                 i = pending.pop()
-                prompt = rng.choice(systems) + [rng.randrange(3, 384) for _ in range(rng.randrange(1, 30))]
+                prompt = rng.choice(systems) + [
+                    rng.randrange(3, 384) for _ in range(rng.randrange(1, 30))
+                ]
                 params = {"max_new_tokens": rng.randrange(0, 24)}
                 if rng.random() < 0.3:
                     params["stop_token_ids"] = [rng.randrange(3, 384) for _ in range(20)]
