@@ -57,6 +57,18 @@ def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[flo
     return statistics.median(times), times
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each fn, run in turn each repeat (A B A B ...) so that drifts in
+    machine load hit every candidate alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def append_results(name: str, rows: list[dict[str, Any]]) -> Path:
     """Append one JSON line per row, each stamped with hardware, commit and command."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import torch
 
 from ..runtime.engine import Engine
 from ..runtime.loader import DTYPES, resolve_checkpoint
-from .common import append_results, median_time, print_table
+from .common import append_results, interleaved_medians, median_time, print_table
 
 SYSTEM = (
     "You are a meticulous assistant for a team of engineers. Answer precisely, cite the "
@@ -71,8 +71,8 @@ def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
         def run_hf(prompts: list[list[int]] = prompts) -> None:
             hf_generate(hf, prompts, args.new_tokens)
 
-        t_engine, _ = median_time(run_engine, args.repeats)
-        t_hf, _ = median_time(run_hf, args.repeats)
+        t = interleaved_medians({"engine": run_engine, "hf": run_hf}, args.repeats)
+        t_engine, t_hf = t["engine"], t["hf"]
         rows.append(
             {
                 "workload": f"decode b={batch} in=32 out={n}",
@@ -106,8 +106,10 @@ def bench_fanout(engine: Engine, nocache: Engine, hf, args) -> list[dict[str, An
         e.flush_cache()
         e.generate(input_ids=prompts, sampling_params=greedy(n))
 
-    t_engine, _ = median_time(lambda: run(engine), args.repeats)
-    t_nocache, _ = median_time(lambda: run(nocache), args.repeats)
+    t = interleaved_medians(
+        {"engine": lambda: run(engine), "nocache": lambda: run(nocache)}, args.repeats
+    )
+    t_engine, t_nocache = t["engine"], t["nocache"]
     # HF one request at a time: time a sample of requests, scale to all 64.
     sample = prompts[: args.hf_fanout_sample]
     t_hf_sample, _ = median_time(lambda: [hf_generate(hf, [p], n) for p in sample], 1)

@@ -143,7 +143,9 @@ class OutputProcessor:
             bitmask = fill_bitmask(matchers, self.sampler.vocab_size).to(logits.device)
         top_n = [r.logprob.top_logprobs_num if r.logprob.return_logprob else 0 for r in reqs]
         try:
-            return self.sampler.sample(logits, [r.sampling for r in reqs], bitmask, top_n), set()
+            want = any(r.logprob.return_logprob for r in reqs)
+            out = self.sampler.sample(logits, [r.sampling for r in reqs], bitmask, top_n, want)
+            return out, set()
         except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
             return e.output, set(e.row_idxs)
 

@@ -93,13 +93,13 @@ class Sampler:
         states: list[SamplingState],
         bitmask: torch.Tensor | None = None,  # [B, ceil(V / 32)] int32; all -1 = unconstrained
         top_logprobs_num: list[int] | None = None,  # [B], 0 = none for that row
+        want_logprobs: bool = True,  # False: logprobs come back as NaN (saves a pass over V)
     ) -> SampleOutput:
         """Choose one token per row; raise AllMaskedError for rows with nothing to choose."""
         if top_logprobs_num is not None:
             if len(top_logprobs_num) != len(states) or any(n < 0 for n in top_logprobs_num):
                 raise ValueError(f"top_logprobs_num must be {len(states)} counts >= 0")
         x = self.process_logits(logits, states, bitmask)
-        raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
         # The row max gives the greedy ids (first index on ties, like argmax) and flags rows
         # with no finite choice: an all -inf row has max -inf, a NaN row has max NaN.
         best, next_ids = x.max(dim=-1)  # [B], [B]
@@ -110,8 +110,16 @@ class Sampler:
             ids, is_ok = self._sample_rows(x[rows], [states[i] for i in sampled])
             next_ids[rows] = ids
             is_alive[rows] &= is_ok
-        chosen = raw_logprobs.gather(1, next_ids[:, None])[:, 0]  # [B]
-        top = None if top_logprobs_num is None else _top_logprobs(raw_logprobs, top_logprobs_num)
+        # log_softmax(raw)[id] = raw[id] - logsumexp(raw): no [B, V] logprob tensor unless
+        # top logprobs are wanted.
+        if want_logprobs:
+            chosen = logits.gather(1, next_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        else:
+            chosen = torch.full(next_ids.shape, float("nan"))
+        top = None
+        if top_logprobs_num is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1) if any(top_logprobs_num) else logits
+            top = _top_logprobs(raw_logprobs, top_logprobs_num)
         output = SampleOutput(next_ids.tolist(), chosen.tolist(), top)
         dead = [i for i, ok in enumerate(is_alive.tolist()) if not ok]
         if dead:
@@ -124,8 +132,11 @@ class Sampler:
         states: list[SamplingState],
         bitmask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[B, V] logits after bias, bitmask, min_new_tokens and penalties (a new tensor)."""
+        """[B, V] logits after bias, bitmask, min_new_tokens and penalties: a new tensor, or
+        `logits` itself when no row needs any of them (callers must not modify it)."""
         self._check_inputs(logits, states, bitmask)
+        if bitmask is None and not any(_modifies_logits(s) for s in states):
+            return logits  # nothing to apply: callers only read it
         x = logits.clone()
         _apply_logit_bias(x, states)
         if bitmask is not None:
@@ -204,6 +215,17 @@ class Sampler:
         if device not in self._generators:
             self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
         return self._generators[device]
+
+
+def _modifies_logits(s: SamplingState) -> bool:
+    p = s.params
+    return bool(
+        p.logit_bias
+        or s.num_output_tokens < p.min_new_tokens
+        or p.repetition_penalty != 1.0
+        or p.frequency_penalty
+        or p.presence_penalty
+    )
 
 
 def _long(values: list[int], like: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: RotaryEmbedding,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
         fb: ForwardBatch,
         pool: KVPool,
         attn: AttentionBackend,
@@ -49,7 +49,7 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = rope(fb.positions, q, k)
+        q, k = RotaryEmbedding.apply(q, k, cos_sin)
         o = attn.forward(q, k, v, self.layer_id, fb, pool, self.sm_scale)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
@@ -74,8 +74,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype)
 
-    def forward(self, x, rope, fb, pool, attn):
-        x = x + self.self_attn(self.input_layernorm(x), rope, fb, pool, attn)
+    def forward(self, x, cos_sin, fb, pool, attn):
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, fb, pool, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -88,6 +88,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)
+        self._vocab_t: torch.Tensor | None = None  # lm_head weight transposed, lazily
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
@@ -99,12 +100,22 @@ class LlamaForCausalLM(nn.Module):
         """Logits for the rows fb.logits_idx: [num_logit_rows, vocab_size] (float32 or wider)."""
         attn.init_forward_metadata(fb)
         x = self.embed_tokens(fb.input_ids)
+        cos_sin = self.rope.table(fb.positions)
         for layer in self.layers:
-            x = layer(x, self.rope, fb, pool, attn)
+            x = layer(x, cos_sin, fb, pool, attn)
         x = self.norm(x[fb.logits_idx])
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, w)
+        logits = self.project_vocab(x)
         return logits if logits.dtype == torch.float64 else logits.float()
+
+    def project_vocab(self, x: torch.Tensor) -> torch.Tensor:
+        """lm_head: [rows, hidden] -> [rows, vocab]. From 8 rows on, a pre-transposed copy
+        of the weight multiplies faster on CPU (the weight streams row-major)."""
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if x.shape[0] < 8 or x.device.type != "cpu" or x.dtype == torch.float64:
+            return F.linear(x, w)
+        if self._vocab_t is None:
+            self._vocab_t = w.t().contiguous()  # [hidden, vocab]
+        return x @ self._vocab_t
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown."""
