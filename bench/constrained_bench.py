@@ -1,0 +1,159 @@
+"""Constrained decoding on the engine: verified jump-forward on vs off, and mask overhead.
+
+  python -m stemma.bench.constrained_bench [--objects 8] [--repeats 3]
+
+tool-call: the same prompts and JSON tool-call schema, greedy, one request at a time,
+  jump-forward on vs off: forward passes per object and wall time per object (the two
+  engines' outputs are also compared);
+mask overhead: 32 constrained requests in one batch; time spent building and applying the
+  grammar bitmasks as a share of step time.
+Results: a table and JSON lines in bench/results/constrained_bench.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+from ..runtime import output_processor
+from ..runtime.engine import Engine
+from .common import append_results, print_table
+
+TOOL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"enum": ["get_weather", "get_time", "search_web"]},
+        "arguments": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"enum": [1, 2, 3, 4, 5, 6, 7]},
+            },
+            "required": ["city", "unit", "days"],
+        },
+    },
+    "required": ["name", "arguments"],
+}
+CITIES = ["Paris", "Tokyo", "Lima", "Nairobi", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Bern"]
+
+
+def prompts(engine: Engine, num: int) -> list[str]:
+    return [
+        engine.apply_chat_template(
+            [
+                {
+                    "role": "user",
+                    "content": f"Call a tool: the weather in {CITIES[i % len(CITIES)]} for "
+                    f"the next {i % 7 + 1} days in celsius. Tools: get_weather(city, unit, days).",
+                }
+            ]
+        )
+        for i in range(num)
+    ]
+
+
+def tool_calls(engine: Engine, texts: list[str]) -> tuple[list[str], float, float]:
+    """(outputs, forward passes per object, seconds per object), one request at a time."""
+    params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(TOOL_SCHEMA)}
+    outs, steps, secs = [], [], []
+    for text in texts:
+        before = engine.get_metrics()["num_steps"]
+        t = time.perf_counter()
+        outs.append(engine.generate(text, params)["text"])
+        secs.append(time.perf_counter() - t)
+        steps.append(engine.get_metrics()["num_steps"] - before)
+    return outs, statistics.mean(steps), statistics.median(secs)
+
+
+def bench_jump_forward(args) -> list[dict[str, Any]]:
+    rows = []
+    results: dict[bool, list[tuple[list[str], float, float]]] = {True: [], False: []}
+    with (
+        Engine(args.model, dtype=args.dtype) as on,
+        Engine(args.model, dtype=args.dtype, enable_jump_forward=False) as off,
+    ):
+        texts = prompts(on, args.objects)
+        for engine in (on, off):  # compile the schema once, outside the timings
+            engine.generate(texts[0], {"max_new_tokens": 1, "json_schema": json.dumps(TOOL_SCHEMA)})
+        for _ in range(args.repeats):
+            for jf, engine in ((True, on), (False, off)):
+                engine.flush_cache()
+                results[jf].append(tool_calls(engine, texts))
+    outs_on, outs_off = results[True][0][0], results[False][0][0]
+    for metric, idx in (("forward passes per object", 1), ("seconds per object", 2)):
+        v_on = statistics.median(r[idx] for r in results[True])
+        v_off = statistics.median(r[idx] for r in results[False])
+        rows.append(
+            {
+                "workload": f"tool-call JSON, {args.objects} objects, greedy",
+                "metric": metric,
+                "jump_forward_on": v_on,
+                "jump_forward_off": v_off,
+                "ratio": v_off / v_on,
+            }
+        )
+    rows.append(
+        {
+            "workload": "tool-call JSON",
+            "metric": "identical outputs on/off",
+            "jump_forward_on": sum(a == b for a, b in zip(outs_on, outs_off)),
+            "jump_forward_off": len(outs_on),
+        }
+    )
+    return rows
+
+
+def bench_mask_overhead(args) -> list[dict[str, Any]]:
+    spent = [0.0]
+    real_fill = output_processor.fill_bitmask
+
+    def timed_fill(*a, **kw):
+        t = time.perf_counter()
+        out = real_fill(*a, **kw)
+        spent[0] += time.perf_counter() - t
+        return out
+
+    with Engine(args.model, dtype=args.dtype) as engine:
+        texts = prompts(engine, 32)
+        params = {"max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(TOOL_SCHEMA)}
+        engine.generate(texts[0], {**params, "max_new_tokens": 1})
+        engine.flush_cache()
+        output_processor.fill_bitmask = timed_fill
+        try:
+            t = time.perf_counter()
+            engine.generate(texts, params)
+            total = time.perf_counter() - t
+        finally:
+            output_processor.fill_bitmask = real_fill
+    return [
+        {
+            "workload": "32 constrained requests in one batch",
+            "metric": "mask share of time",
+            "jump_forward_on": spent[0] / total,
+        }
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--objects", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    rows = [
+        {"model": args.model, "dtype": args.dtype, **r}
+        for r in bench_jump_forward(args) + bench_mask_overhead(args)
+    ]
+    print_table(rows, ["workload", "metric", "jump_forward_on", "jump_forward_off", "ratio"])
+    print("appended to", append_results("constrained_bench", rows))
+
+
+if __name__ == "__main__":
+    main()
