@@ -50,13 +50,17 @@ class TorchAttnBackend:
         # slot 0. Flat, so each layer gathers with index_select (far faster than x[idx]).
         kv_slots = torch.zeros(is_ctx.shape, dtype=torch.long, device=device)
         kv_slots[is_ctx] = fb.kv_indices.long()
-        self.kv_slots = kv_slots.flatten()
-        self.ctx_shape = tuple(is_ctx.shape)
         q_pos = prefix_lens[:, None] + new_col[None, :]  # [B, max_new]
         mask = (ctx_col[None, None, :] <= q_pos[:, :, None]) & is_ctx[:, None, :]
         # Padding query rows see slot 0 so softmax stays finite; their output is dropped.
         mask[:, :, 0] |= ~self.is_new
-        self.mask = mask[:, None]  # [B, 1, max_new, max_ctx]
+        self.shared_len = shared_prefix_len(kv_slots, min(fb.prefix_lens.tolist()))
+        if self.shared_len:  # cascade: the shared prefix is read once, not once per request
+            self.shared_slots = kv_slots[0, : self.shared_len]
+            kv_slots, mask = kv_slots[:, self.shared_len :], mask[:, :, self.shared_len :]
+        self.kv_slots = kv_slots.flatten()
+        self.ctx_shape = tuple(kv_slots.shape)
+        self.mask = mask[:, None]  # [B, 1, max_new, ctx]
 
     def forward(self, q, k, v, layer_id, fb, pool, sm_scale):
         pool.write(layer_id, self.out_loc, k, v)
@@ -67,9 +71,14 @@ class TorchAttnBackend:
             q_pad = q.new_zeros((B, max_new, q.shape[1], q.shape[2]))
             q_pad[self.is_new] = q
         kv_shape = (*self.ctx_shape, *pool.k[layer_id].shape[1:])
-        # k_ctx, v_ctx: [B, max_ctx, num_kv_heads, head_dim]
+        # k_ctx, v_ctx: [B, ctx, num_kv_heads, head_dim] (the part after a shared prefix)
         k_ctx = pool.k[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
         v_ctx = pool.v[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
+        if self.shared_len:
+            k_shared = pool.k[layer_id].index_select(0, self.shared_slots).to(q.dtype)
+            v_shared = pool.v[layer_id].index_select(0, self.shared_slots).to(q.dtype)
+            o = cascade_attention(q_pad, k_shared, v_shared, k_ctx, v_ctx, self.mask, sm_scale)
+            return o[:, 0] if self.is_decode else o[self.is_new]
         o = F.scaled_dot_product_attention(
             q_pad.transpose(1, 2),
             k_ctx.transpose(1, 2),
@@ -79,6 +88,40 @@ class TorchAttnBackend:
             enable_gqa=True,
         )  # [B, num_heads, max_new, head_dim]
         return o[:, :, 0] if self.is_decode else o.transpose(1, 2)[self.is_new]
+
+
+MIN_SHARED_PREFIX = 32  # shorter shared prefixes are not worth a second attention pass
+
+
+def shared_prefix_len(kv_slots: torch.Tensor, limit: int) -> int:
+    """Leading context positions holding the same slots in every request ([B, ctx] slots),
+    at most `limit` (the shortest cached prefix, so no causal mask applies inside it)."""
+    if kv_slots.shape[0] < 2 or limit < MIN_SHARED_PREFIX:
+        return 0
+    head = kv_slots[:, :limit]
+    same = (head == head[:1]).all(dim=0)  # [limit]
+    n = int(same.int().cumprod(0).sum())
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+def cascade_attention(q, k_shared, v_shared, k_rest, v_rest, rest_mask, sm_scale):
+    """Attention over [shared prefix | each request's rest] as one softmax.
+
+    q: [B, new, H, D]; k/v_shared: [P, Hkv, D] (the same for every request, read once);
+    k/v_rest: [B, R, Hkv, D]; rest_mask: [B, 1, new, R]. Returns [B, new, H, D].
+    """
+    B, new, H, D = q.shape
+    Hkv = k_shared.shape[1]
+    qg = q.view(B, new, Hkv, H // Hkv, D)
+    s_shared = torch.einsum("bnhgd,phd->bhgnp", qg, k_shared)  # [B, Hkv, G, new, P]
+    s_rest = torch.einsum("bnhgd,brhd->bhgnr", qg, k_rest)  # [B, Hkv, G, new, R]
+    s_rest = s_rest.masked_fill(~rest_mask[:, :, None], float("-inf"))
+    wide = torch.promote_types(q.dtype, torch.float32)
+    p = (torch.cat([s_shared, s_rest], dim=-1).to(wide) * sm_scale).softmax(-1).to(q.dtype)
+    P = k_shared.shape[0]
+    o = torch.einsum("bhgnp,phd->bnhgd", p[..., :P], v_shared)
+    o = o + torch.einsum("bhgnr,brhd->bnhgd", p[..., P:], v_rest)
+    return o.reshape(B, new, H, D)
 
 
 def make_attention_backend(name: str) -> AttentionBackend:

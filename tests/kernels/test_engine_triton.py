@@ -5,8 +5,14 @@ from __future__ import annotations
 
 
 def run(harness_factory, ckpt, backend: str, prompts: list[list[int]]) -> list[list[int]]:
-    h = harness_factory(ckpt, dtype="float32", attention_backend=backend, max_total_tokens=512,
-                        chunked_prefill_size=16, page_size=1)
+    h = harness_factory(
+        ckpt,
+        dtype="float32",
+        attention_backend=backend,
+        max_total_tokens=512,
+        chunked_prefill_size=16,
+        page_size=1,
+    )
     first = h.add("warm", prompts[0], max_new_tokens=2)  # its prompt is then cached
     h.run()
     reqs = [first]

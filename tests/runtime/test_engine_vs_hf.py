@@ -116,3 +116,23 @@ def test_prompt_logprobs_equal_hf(tiny_llama_dir, hf_ref, make_prompts):
     assert [lp for lp, _, _ in got] == pytest.approx(want, abs=1e-5)
     assert len(out["meta_info"]["input_top_logprobs"]) == len(got)
     assert len(out["meta_info"]["output_token_logprobs"]) == 2
+
+
+def test_shared_prefix_batch_uses_cascade_and_matches_hf(
+    tiny_llama_dir, harness_factory, hf_ref, make_prompts
+):
+    """Several requests over one cached prefix: the torch backend reads the prefix once
+    (cascade attention) in extend and decode steps; ids still equal HF's."""
+    h = harness_factory(tiny_llama_dir, max_total_tokens=4096)
+    shared, *tails = make_prompts([48, 3, 9, 1, 5], 384, 13)
+    h.add("warm", shared, max_new_tokens=1)
+    h.run()
+    reqs = [h.add(f"t{i}", shared + t, max_new_tokens=N) for i, t in enumerate(tails)]
+    h.step()
+    assert h.runner.attn.shared_len == 48  # the prefill of the four tails
+    h.step()
+    assert h.runner.attn.shared_len == 48  # and their first decode
+    h.run()
+    assert [r.output_ids for r in reqs] == [
+        hf_ref.greedy(tiny_llama_dir, shared + t, N) for t in tails
+    ]

@@ -11,41 +11,19 @@ from stemma.runtime.model_runner import ModelRunner
 NEW_TOKENS = 12
 
 
-def hf_greedy(ckpt, prompt: list[int], n: int = NEW_TOKENS) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = _hf_cache.get(ckpt)
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float64).eval()
-        _hf_cache[ckpt] = model
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
-_hf_cache: dict = {}
-
-
 class GreedyDriver:
     """Drives ModelRunner by hand: explicit slots, chunks and prefixes."""
 
-    def __init__(self, ckpt, page_size: int = 1):
+    def __init__(self, ckpt, page_size: int = 1, dtype: str = "float64"):
         cfg = EngineConfig(
             model=str(ckpt),
-            dtype="float64",
+            dtype=dtype,
             max_total_tokens=4096,
             page_size=page_size,
             max_running_requests=16,
         )
-        self.runner = ModelRunner(cfg, load_model(str(ckpt), torch.float64))
-
+        self.loaded = load_model(str(ckpt), getattr(torch, dtype))
+        self.runner = ModelRunner(cfg, self.loaded)
         self.owned: dict[int, list[int]] = {}  # row -> slots allocated to it (whole pages)
 
     def slots_for(self, row: int, start: int, num: int) -> list[int]:
@@ -92,25 +70,25 @@ def ckpt(request, tiny_llama_dir, tiny_qwen2_dir):
     return tiny_llama_dir if request.param == "llama" else tiny_qwen2_dir
 
 
-def test_single_request_matches_hf(ckpt):
+def test_single_request_matches_hf(ckpt, hf_ref):
     [prompt] = prompts_of([11], 384)
     outs, _ = GreedyDriver(ckpt).generate([prompt])
-    assert outs[0] == hf_greedy(ckpt, prompt)
+    assert outs[0] == hf_ref.greedy(ckpt, prompt, NEW_TOKENS)
 
 
-def test_batch_of_eight_mixed_lengths_matches_hf(ckpt):
+def test_batch_of_eight_mixed_lengths_matches_hf(ckpt, hf_ref):
     prompts = prompts_of([1, 3, 7, 16, 17, 30, 64, 5], 384, seed=1)
     outs, _ = GreedyDriver(ckpt).generate(prompts)
-    assert outs == [hf_greedy(ckpt, p) for p in prompts]
+    assert outs == [hf_ref.greedy(ckpt, p, NEW_TOKENS) for p in prompts]
 
 
-def test_chunked_prefill_matches_hf(ckpt):
+def test_chunked_prefill_matches_hf(ckpt, hf_ref):
     prompts = prompts_of([37, 9], 384, seed=2)
     outs, _ = GreedyDriver(ckpt).generate(prompts, chunk=5)
-    assert outs == [hf_greedy(ckpt, p) for p in prompts]
+    assert outs == [hf_ref.greedy(ckpt, p, NEW_TOKENS) for p in prompts]
 
 
-def test_prefix_read_from_pool_matches_hf(ckpt):
+def test_prefix_read_from_pool_matches_hf(ckpt, hf_ref):
     """A second request reuses the first one's prefix slots and computes only its tail."""
     [shared, tail] = prompts_of([20, 6], 384, seed=3)
     drv = GreedyDriver(ckpt)
@@ -122,25 +100,25 @@ def test_prefix_read_from_pool_matches_hf(ckpt):
     out = [drv.prefill([row_b], [len(shared)], [tail])[0]]
     for _ in range(NEW_TOKENS - 1):
         out.append(drv.prefill([row_b], [len(prompt) + len(out) - 1], [[out[-1]]])[0])
-    assert out == hf_greedy(ckpt, prompt)
+    assert out == hf_ref.greedy(ckpt, prompt, NEW_TOKENS)
 
 
-def test_mixed_batch_extend_and_decode(ckpt):
+def test_mixed_batch_extend_and_decode(ckpt, hf_ref):
     """One step holding a decode of request A and the prefill of request B."""
     [a, b] = prompts_of([9, 13], 384, seed=4)
     drv = GreedyDriver(ckpt)
     ra, rb = drv.runner.req_to_token_pool.alloc(), drv.runner.req_to_token_pool.alloc()
     first_a = drv.prefill([ra], [0], [a])[0]
     second_a, first_b = drv.prefill([ra, rb], [len(a), 0], [[first_a], b])
-    assert [first_a, second_a] == hf_greedy(ckpt, a, 2)
-    assert first_b == hf_greedy(ckpt, b, 1)[0]
+    assert [first_a, second_a] == hf_ref.greedy(ckpt, a, 2)
+    assert first_b == hf_ref.greedy(ckpt, b, 1)[0]
 
 
-def test_page_size_16_matches_hf(ckpt):
+def test_page_size_16_matches_hf(ckpt, hf_ref):
     prompts = prompts_of([5, 21], 384, seed=5)
     drv = GreedyDriver(ckpt, page_size=16)
     outs, _ = drv.generate(prompts)
-    assert outs == [hf_greedy(ckpt, p) for p in prompts]
+    assert outs == [hf_ref.greedy(ckpt, p, NEW_TOKENS) for p in prompts]
 
 
 CHAT_PROMPTS = [
@@ -170,11 +148,8 @@ def smollm2_fp32():
 
 def test_smollm2_fp32_matches_hf_greedy(smollm2_fp32):
     ckpt, hf = smollm2_fp32
-    drv = GreedyDriver.__new__(GreedyDriver)
-    cfg = EngineConfig(dtype="float32", max_total_tokens=2048, max_running_requests=8)
-    drv.runner = ModelRunner(cfg, load_model("smollm2-135m", torch.float32))
-    drv.owned = {}
-    tok = drv.runner.model_tokenizer = load_model("smollm2-135m", torch.float32).tokenizer
+    drv = GreedyDriver("smollm2-135m", dtype="float32")
+    tok = drv.loaded.tokenizer
     prompts = [
         tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in CHAT_PROMPTS
     ]
