@@ -13,8 +13,9 @@ from .engine import Engine
 
 
 class Runtime:
-    def __init__(self, model: str = "smollm2-135m", **config: Any):
-        self.engine = Engine(model, **config)
+    def __init__(self, model: str = "smollm2-135m", *, engine: Engine | None = None, **config: Any):
+        """A Runtime over a new Engine(model, **config), or over an existing `engine`."""
+        self.engine = engine if engine is not None else Engine(model, **config)
 
     def generate(self, req: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
         return self.engine.generate(**req)

@@ -3,36 +3,9 @@ gets exactly what the same program gets from the engine in-process."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 from stemma.lang import BackendError, RuntimeEndpoint, function, gen, select
-
-
-class EngineBackend:
-    """The in-process Backend over the server's own engine (what stemma.Runtime does)."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    def generate(self, req: dict[str, Any]) -> Any:
-        return self.engine.generate(**req)
-
-    def generate_stream(self, req: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        return self.engine.generate(**{**req, "stream": True})
-
-    def get_model_info(self) -> dict[str, Any]:
-        return self.engine.get_model_info()
-
-    def get_chat_template(self) -> dict[str, Any] | None:
-        return self.engine.get_model_info()["chat_template"]
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenize(text)
-
-    def flush_cache(self) -> None:
-        self.engine.flush_cache()
+from stemma.runtime.inprocess import Runtime
 
 
 @function
@@ -50,7 +23,7 @@ def triage(s, question):
 
 def test_a_program_over_http_equals_in_process(server):
     over_http = triage.run("Is Paris in France?", backend=RuntimeEndpoint(server.url))
-    in_process = triage.run("Is Paris in France?", backend=EngineBackend(server.engine))
+    in_process = triage.run("Is Paris in France?", backend=Runtime(engine=server.engine))
     assert over_http.text() == in_process.text()
     assert over_http["answer"] == in_process["answer"]
     assert over_http["verdict"] == in_process["verdict"] in ("yes", "no", "maybe")
