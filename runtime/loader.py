@@ -131,8 +131,7 @@ def load_model(
     with torch.device("meta"):
         net = LlamaForCausalLM(cfg, dtype)
     net = net.to_empty(device=device)
-    net.rope.__init__(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)  # buffers on meta
-    net.rope.to(device)
+    net.rope.build_tables()  # non-persistent buffers: computed, not loaded
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {ckpt}")

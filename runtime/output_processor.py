@@ -178,8 +178,10 @@ class OutputProcessor:
 
     def check_finish(self, req: Req) -> FinishReason | None:
         p = req.params
-        if p.max_new_tokens == 0 or not req.output_ids:
-            return FinishReason("length", length=0) if p.max_new_tokens == 0 else None
+        if p.max_new_tokens == 0:
+            return FinishReason("length", length=0)
+        if not req.output_ids:
+            return None
         last = req.output_ids[-1]
         if last in self.eos_ids and not p.ignore_eos:
             return FinishReason("stop", matched=last)

@@ -76,11 +76,10 @@ class ResponseBuilder:
             meta["output_token_logprobs"] = _lp_list(tok, req.output_logprobs, with_text)
             if req.logprob.top_logprobs_num > 0:
                 meta["input_top_logprobs"] = [
-                    None if top is None else _lp_list(tok, [(lp, i) for lp, i in top], with_text)
+                    None if top is None else _lp_list(tok, top, with_text)
                     for top in req.input_top_logprobs
                 ]
                 meta["output_top_logprobs"] = [
-                    _lp_list(tok, [(lp, i) for lp, i in top], with_text)
-                    for top in req.output_top_logprobs
+                    _lp_list(tok, top, with_text) for top in req.output_top_logprobs
                 ]
         return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}

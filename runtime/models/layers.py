@@ -64,14 +64,24 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, max_position: int, dtype: torch.dtype):
         super().__init__()
-        inv_freq = 1.0 / (
-            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-        )
-        pos = torch.arange(max_position, dtype=torch.float32)
+        self.head_dim, self.theta, self.max_position = head_dim, theta, max_position
+        self.register_buffer("cos", torch.empty(0, dtype=dtype), persistent=False)
+        self.register_buffer("sin", torch.empty(0, dtype=dtype), persistent=False)
+        self.build_tables()
+
+    def build_tables(self) -> None:
+        """(Re)compute cos/sin on the buffers' device and dtype (a model built on the meta
+        device calls this once its buffers are real)."""
+        device, dtype = self.cos.device, self.cos.dtype
+        if device.type == "meta":
+            return
+        d = self.head_dim
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        pos = torch.arange(self.max_position, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]  # [max_position, head_dim / 2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
 
     def table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions, [num_tokens, 1, head_dim]; computed once per forward."""

@@ -60,37 +60,32 @@ class GreedyDriver:
         return outs, rows
 
 
-def prompts_of(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def ckpt(request, tiny_llama_dir, tiny_qwen2_dir):
     return tiny_llama_dir if request.param == "llama" else tiny_qwen2_dir
 
 
-def test_single_request_matches_hf(ckpt, hf_ref):
-    [prompt] = prompts_of([11], 384)
+def test_single_request_matches_hf(ckpt, hf_ref, make_prompts):
+    [prompt] = make_prompts([11], 384)
     outs, _ = GreedyDriver(ckpt).generate([prompt])
     assert outs[0] == hf_ref.greedy(ckpt, prompt, NEW_TOKENS)
 
 
-def test_batch_of_eight_mixed_lengths_matches_hf(ckpt, hf_ref):
-    prompts = prompts_of([1, 3, 7, 16, 17, 30, 64, 5], 384, seed=1)
+def test_batch_of_eight_mixed_lengths_matches_hf(ckpt, hf_ref, make_prompts):
+    prompts = make_prompts([1, 3, 7, 16, 17, 30, 64, 5], 384, seed=1)
     outs, _ = GreedyDriver(ckpt).generate(prompts)
     assert outs == [hf_ref.greedy(ckpt, p, NEW_TOKENS) for p in prompts]
 
 
-def test_chunked_prefill_matches_hf(ckpt, hf_ref):
-    prompts = prompts_of([37, 9], 384, seed=2)
+def test_chunked_prefill_matches_hf(ckpt, hf_ref, make_prompts):
+    prompts = make_prompts([37, 9], 384, seed=2)
     outs, _ = GreedyDriver(ckpt).generate(prompts, chunk=5)
     assert outs == [hf_ref.greedy(ckpt, p, NEW_TOKENS) for p in prompts]
 
 
-def test_prefix_read_from_pool_matches_hf(ckpt, hf_ref):
+def test_prefix_read_from_pool_matches_hf(ckpt, hf_ref, make_prompts):
     """A second request reuses the first one's prefix slots and computes only its tail."""
-    [shared, tail] = prompts_of([20, 6], 384, seed=3)
+    [shared, tail] = make_prompts([20, 6], 384, seed=3)
     drv = GreedyDriver(ckpt)
     _, [row_a] = drv.generate([shared], n=1)
     row_b = drv.runner.req_to_token_pool.alloc()
@@ -103,9 +98,9 @@ def test_prefix_read_from_pool_matches_hf(ckpt, hf_ref):
     assert out == hf_ref.greedy(ckpt, prompt, NEW_TOKENS)
 
 
-def test_mixed_batch_extend_and_decode(ckpt, hf_ref):
+def test_mixed_batch_extend_and_decode(ckpt, hf_ref, make_prompts):
     """One step holding a decode of request A and the prefill of request B."""
-    [a, b] = prompts_of([9, 13], 384, seed=4)
+    [a, b] = make_prompts([9, 13], 384, seed=4)
     drv = GreedyDriver(ckpt)
     ra, rb = drv.runner.req_to_token_pool.alloc(), drv.runner.req_to_token_pool.alloc()
     first_a = drv.prefill([ra], [0], [a])[0]
@@ -114,8 +109,8 @@ def test_mixed_batch_extend_and_decode(ckpt, hf_ref):
     assert first_b == hf_ref.greedy(ckpt, b, 1)[0]
 
 
-def test_page_size_16_matches_hf(ckpt, hf_ref):
-    prompts = prompts_of([5, 21], 384, seed=5)
+def test_page_size_16_matches_hf(ckpt, hf_ref, make_prompts):
+    prompts = make_prompts([5, 21], 384, seed=5)
     drv = GreedyDriver(ckpt, page_size=16)
     outs, _ = drv.generate(prompts)
     assert outs == [hf_ref.greedy(ckpt, p, NEW_TOKENS) for p in prompts]
