@@ -4,7 +4,10 @@
 
 tool-call: the same prompts and JSON tool-call schema, greedy, one request at a time,
   jump-forward on vs off: forward passes per object and wall time per object (the two
-  engines' outputs are also compared);
+  engines' outputs are also compared). Two prompt styles: "tools in system prompt" describes
+  the tools and shows one call, as tool-calling prompts do; "bare request" names the tool in
+  the user turn only, so the model has not seen the JSON it must write and spells its keys
+  a few characters at a time, tokens the canonical draft cannot predict;
 mask overhead: 32 constrained requests in one batch; time spent building and applying the
   grammar bitmasks as a share of step time.
 Results: a table and JSON lines in bench/results/constrained_bench.jsonl.
@@ -41,19 +44,40 @@ TOOL_SCHEMA = {
 CITIES = ["Paris", "Tokyo", "Lima", "Nairobi", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Bern"]
 
 
-def prompts(engine: Engine, num: int) -> list[str]:
-    return [
-        engine.apply_chat_template(
-            [
+SYSTEM = (
+    "You call tools by replying with one JSON object and nothing else.\n"
+    "Tools:\n"
+    '- get_weather(city: string, unit: "celsius" | "fahrenheit", days: 1-7)\n'
+    "- get_time(city: string)\n"
+    "- search_web(query: string)\n"
+    'Example: {"name":"get_weather","arguments":{"city":"Rome","unit":"fahrenheit","days":2}}'
+)
+PROMPT_STYLES = ("tools in system prompt", "bare request")
+
+
+def prompts(engine: Engine, num: int, style: str = PROMPT_STYLES[0]) -> list[str]:
+    out = []
+    for i in range(num):
+        city, days = CITIES[i % len(CITIES)], i % 7 + 1
+        if style == "tools in system prompt":
+            messages = [
+                {"role": "system", "content": SYSTEM},
                 {
                     "role": "user",
-                    "content": f"Call a tool: the weather in {CITIES[i % len(CITIES)]} for "
-                    f"the next {i % 7 + 1} days in celsius. Tools: get_weather(city, unit, days).",
+                    "content": f"What will the weather be in {city} over the next {days} days, "
+                    "in celsius?",
+                },
+            ]
+        else:
+            messages = [
+                {
+                    "role": "user",
+                    "content": f"Call a tool: the weather in {city} for the next {days} days in "
+                    "celsius. Tools: get_weather(city, unit, days).",
                 }
             ]
-        )
-        for i in range(num)
-    ]
+        out.append(engine.apply_chat_template(messages))
+    return out
 
 
 def tool_calls(engine: Engine, texts: list[str]) -> tuple[list[str], float, float]:
@@ -71,39 +95,41 @@ def tool_calls(engine: Engine, texts: list[str]) -> tuple[list[str], float, floa
 
 def bench_jump_forward(args) -> list[dict[str, Any]]:
     rows = []
-    results: dict[bool, list[tuple[list[str], float, float]]] = {True: [], False: []}
     with (
         Engine(args.model, dtype=args.dtype) as on,
         Engine(args.model, dtype=args.dtype, enable_jump_forward=False) as off,
     ):
-        texts = prompts(on, args.objects)
         for engine in (on, off):  # compile the schema once, outside the timings
-            engine.generate(texts[0], {"max_new_tokens": 1, "json_schema": json.dumps(TOOL_SCHEMA)})
-        for _ in range(args.repeats):
-            for jf, engine in ((True, on), (False, off)):
-                engine.flush_cache()
-                results[jf].append(tool_calls(engine, texts))
-    outs_on, outs_off = results[True][0][0], results[False][0][0]
-    for metric, idx in (("forward passes per object", 1), ("seconds per object", 2)):
-        v_on = statistics.median(r[idx] for r in results[True])
-        v_off = statistics.median(r[idx] for r in results[False])
-        rows.append(
-            {
-                "workload": f"tool-call JSON, {args.objects} objects, greedy",
-                "metric": metric,
-                "jump_forward_on": v_on,
-                "jump_forward_off": v_off,
-                "ratio": v_off / v_on,
-            }
-        )
-    rows.append(
-        {
-            "workload": "tool-call JSON",
-            "metric": "identical outputs on/off",
-            "jump_forward_on": sum(a == b for a, b in zip(outs_on, outs_off)),
-            "jump_forward_off": len(outs_on),
-        }
-    )
+            engine.generate("{", {"max_new_tokens": 1, "json_schema": json.dumps(TOOL_SCHEMA)})
+        for style in PROMPT_STYLES:
+            texts = prompts(on, args.objects, style)
+            results: dict[bool, list[tuple[list[str], float, float]]] = {True: [], False: []}
+            for _ in range(args.repeats):
+                for jf, engine in ((True, on), (False, off)):
+                    engine.flush_cache()
+                    results[jf].append(tool_calls(engine, texts))
+            workload = f"tool-call JSON, {style}, {args.objects} objects, greedy"
+            for metric, idx in (("forward passes per object", 1), ("seconds per object", 2)):
+                v_on = statistics.median(r[idx] for r in results[True])
+                v_off = statistics.median(r[idx] for r in results[False])
+                rows.append(
+                    {
+                        "workload": workload,
+                        "metric": metric,
+                        "jump_forward_on": v_on,
+                        "jump_forward_off": v_off,
+                        "ratio": v_off / v_on,
+                    }
+                )
+            outs_on, outs_off = results[True][0][0], results[False][0][0]
+            rows.append(
+                {
+                    "workload": workload,
+                    "metric": "identical outputs on/off",
+                    "jump_forward_on": sum(a == b for a, b in zip(outs_on, outs_off)),
+                    "jump_forward_off": len(outs_on),
+                }
+            )
     return rows
 
 

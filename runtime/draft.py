@@ -15,12 +15,14 @@ MAX_DRAFT_TOKENS = 64  # matches the Matcher's rollback window
 
 def make_draft(req: Req, tokenizer) -> None:
     """After a token is verified: the ids the constraint forces next, kept pending (not in
-    output_ids, the matcher not advanced) until the model confirms them."""
+    output_ids, the matcher not advanced) until the model confirms them. The draft runs to
+    the end of the forced text, boundary token included: verification, not the draft,
+    decides where forced text meets free text."""
     m = req.grammar
     room = req.params.max_new_tokens - len(req.output_ids) - 1  # the round after the draft
     if m is None or room <= 0 or m.is_finished():
         return
-    forced = m.jump_forward(tokenizer)
+    forced = m.jump_forward(tokenizer, stop_before_merge=False)
     m.rollback(len(forced))
     req.draft = forced[: min(room, MAX_DRAFT_TOKENS)]
 

@@ -198,9 +198,9 @@ class Matcher:
         if self.is_terminated:
             target[:] = 0
 
-    def jump_forward(self, tokenizer: Tokenizer) -> list[int]:
+    def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
         """Ids of the text the pattern forces next, already accepted (see jump_forward.py)."""
-        return jump_forward(self, tokenizer)
+        return jump_forward(self, tokenizer, stop_before_merge=stop_before_merge)
 
 
 def fill_bitmask(

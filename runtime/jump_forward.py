@@ -68,7 +68,9 @@ def utf8_prefix(data: bytes) -> str:
     return ""
 
 
-def jump_forward(matcher: Matcher, tokenizer: Tokenizer) -> list[int]:
+def jump_forward(
+    matcher: Matcher, tokenizer: Tokenizer, *, stop_before_merge: bool = True
+) -> list[int]:
     """Accept and return the ids of the forced text, committed canonically (maybe none).
 
     1. F = the forced bytes, cut to whole UTF-8 characters (none if they start mid-character).
@@ -78,6 +80,10 @@ def jump_forward(matcher: Matcher, tokenizer: Tokenizer) -> list[int]:
        next bytes of F, end at or before `limit`, and the automaton accepts the token.
     Tokens before the jump are never re-tokenized, so a merge across the start of F (e.g. a
     model-chosen `{` followed by a forced `"`) stays split, exactly as the model produced it.
+
+    stop_before_merge=False skips step 2 (limit = len(F)): for a draft the model verifies
+    token by token (runtime/draft.py), where a boundary token the model would not pick is
+    simply rejected, and one it would pick is a forward pass saved.
     """
     if matcher.is_terminated:
         return []
@@ -86,10 +92,12 @@ def jump_forward(matcher: Matcher, tokenizer: Tokenizer) -> list[int]:
     text = utf8_prefix(forced)
     if not text:
         return []
-    limit = next(
-        (p for p, s in enumerate(states) if state_info(grammar, s)[1] > len(forced) - p),
-        len(forced),
-    )
+    limit = len(forced)
+    if stop_before_merge:
+        limit = next(
+            (p for p, s in enumerate(states) if state_info(grammar, s)[1] > len(forced) - p),
+            limit,
+        )
     ids: list[int] = []
     pos = 0
     for token_id in tokenizer.encode(text):

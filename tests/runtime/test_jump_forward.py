@@ -62,6 +62,11 @@ def test_forced_token_that_could_merge_with_free_text_is_left_to_the_model(
     assert _bytes(smollm_vocab, merging.jump_forward(smollm_tokenizer)) == b"The"
     assert smollm_tokenizer.encode(" cats") == [smollm_tokenizer._tok.token_to_id("Ġcats")]
     assert merging.allows(smollm_tokenizer.encode(" cats")[0])
+    # A draft the model verifies goes to the end of the forced text.
+    draft = _matcher(grammar_service, "The cat(s| sat)")
+    assert _bytes(smollm_vocab, draft.jump_forward(smollm_tokenizer, stop_before_merge=False)) == (
+        b"The cat"
+    )
     # No token spans ' cat' + ' sat', so the whole forced text goes in.
     separate = _matcher(grammar_service, "The cat( sat| ran)")
     assert _bytes(smollm_vocab, separate.jump_forward(smollm_tokenizer)) == b"The cat"
