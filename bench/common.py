@@ -57,16 +57,29 @@ def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[flo
     return statistics.median(times), times
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each fn, run in turn each repeat (A B A B ...) so that drifts in
-    machine load hit every candidate alike."""
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each fn per round. Every round runs each fn once, in alternating order
+    (A B, B A, ...), so that drifts in machine load hit every candidate alike."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    items = list(fns.items())
+    for r in range(repeats):
+        for name, fn in items if r % 2 == 0 else reversed(items):
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each fn over interleaved rounds (see interleaved_times)."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(fns, repeats).items()}
+
+
+def paired_speedup(baseline: list[float], candidate: list[float]) -> float:
+    """Median over rounds of baseline / candidate seconds. The two runs of a round are
+    adjacent in time and share its machine load, so on a noisy machine this ratio is far
+    steadier than a ratio of medians."""
+    return statistics.median(b / c for b, c in zip(baseline, candidate, strict=True))
 
 
 def append_results(name: str, rows: list[dict[str, Any]]) -> Path:

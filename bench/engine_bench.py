@@ -2,7 +2,9 @@
 
   python -m stemma.bench.engine_bench [--workloads decode,fanout,stream] [--repeats 3]
 
-decode: tokens/s at batch 1/8/32 (engine vs HF batched generate);
+decode: tokens/s at batch 1/8/32 (engine vs HF batched generate); the ratio is the median of
+        per-round ratios (each round runs both, adjacent in time), the ratio of the two
+        medians is kept beside it;
 fanout: one ~1000-token system prompt, 64 questions, 32 new tokens each (engine vs the engine
         with the radix cache off vs HF generate one request at a time);
 stream: TTFT / TPOT p50 and p99 under Poisson arrivals.
@@ -22,7 +24,14 @@ import torch
 
 from ..runtime.engine import Engine
 from ..runtime.loader import DTYPES, resolve_checkpoint
-from .common import append_results, interleaved_medians, median_time, print_table
+from .common import (
+    append_results,
+    interleaved_medians,
+    interleaved_times,
+    median_time,
+    paired_speedup,
+    print_table,
+)
 
 SYSTEM = (
     "You are a meticulous assistant for a team of engineers. Answer precisely, cite the "
@@ -60,7 +69,7 @@ def greedy(new_tokens: int) -> dict[str, Any]:
 def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
     rng = random.Random(0)
     rows = []
-    for batch in (1, 8, 32):
+    for batch in args.batches:
         prompts = [[rng.randrange(100, 40000) for _ in range(32)] for _ in range(batch)]
         n = args.new_tokens
 
@@ -71,15 +80,17 @@ def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
         def run_hf(prompts: list[list[int]] = prompts) -> None:
             hf_generate(hf, prompts, args.new_tokens)
 
-        t = interleaved_medians({"engine": run_engine, "hf": run_hf}, args.repeats)
-        t_engine, t_hf = t["engine"], t["hf"]
+        t = interleaved_times({"engine": run_engine, "hf": run_hf}, args.repeats)
+        t_engine, t_hf = statistics.median(t["engine"]), statistics.median(t["hf"])
         rows.append(
             {
                 "workload": f"decode b={batch} in=32 out={n}",
                 "metric": "tokens/s",
                 "stemma": batch * n / t_engine,
                 "hf": batch * n / t_hf,
-                "ratio": t_hf / t_engine,
+                "ratio": paired_speedup(t["hf"], t["engine"]),
+                "ratio_of_medians": t_hf / t_engine,
+                "rounds": args.repeats,
             }
         )
     return rows
@@ -179,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default="decode,fanout,stream")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 8, 32])
     p.add_argument("--hf-fanout-sample", type=int, default=8)
     p.add_argument("--stream-requests", type=int, default=48)
     p.add_argument("--stream-rate", type=float, default=4.0)
@@ -201,7 +213,9 @@ def main(argv: list[str] | None = None) -> None:
         if "stream" in workloads:
             rows += bench_stream(engine, args)
     rows = [{**common, **r} for r in rows]
-    print_table(rows, ["workload", "metric", "stemma", "hf", "nocache", "ratio"])
+    print_table(
+        rows, ["workload", "metric", "stemma", "hf", "nocache", "ratio", "ratio_of_medians"]
+    )
     print("appended to", append_results("engine_bench", rows))
 
 

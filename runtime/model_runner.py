@@ -9,6 +9,7 @@ from .config import EngineConfig
 from .forward_batch import ForwardBatch
 from .loader import DTYPES, LoadedModel
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
+from .models.layers import can_pack_weights
 
 
 class ModelRunner:
@@ -18,6 +19,8 @@ class ModelRunner:
         mc = loaded.config
         self.dtype = DTYPES[cfg.dtype]
         self.device = torch.device(cfg.device)
+        if can_pack_weights(self.device, self.dtype):
+            self.model.pack_weights()
         self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)
         per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
         num_slots = cfg.max_total_tokens or (cfg.kv_cache_mb << 20) // per_slot

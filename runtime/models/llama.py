@@ -16,7 +16,15 @@ from ..attention import AttentionBackend
 from ..forward_batch import ForwardBatch
 from ..memory import KVPool
 from ..model_config import ModelConfig
-from .layers import Embedding, Linear, MergedLinear, RMSNorm, RotaryEmbedding
+from .layers import (
+    Embedding,
+    Linear,
+    MergedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    pack_weight,
+    packed_linear,
+)
 
 
 class Attention(nn.Module):
@@ -44,14 +52,13 @@ class Attention(nn.Module):
         attn: AttentionBackend,
     ) -> torch.Tensor:
         # x: [num_tokens, hidden]
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.out_sizes, dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = RotaryEmbedding.apply(q, k, cos_sin)
+        n, num_q, num_qk = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
+        # q|k|v as heads: [n, num_heads + 2 * num_kv_heads, head_dim]; q and k rotate together.
+        qkv = self.qkv_proj(x).view(n, num_qk + self.num_kv_heads, self.head_dim)
+        qk = RotaryEmbedding.apply(qkv[:, :num_qk], cos_sin)
+        q, k, v = qk[:, :num_q], qk[:, num_q:], qkv[:, num_qk:]
         o = attn.forward(q, k, v, self.layer_id, fb, pool, self.sm_scale)
-        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+        return self.o_proj(o.reshape(n, num_q * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -89,6 +96,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)
         self._vocab_t: torch.Tensor | None = None  # lm_head weight transposed, lazily
+        self._vocab_packed: torch.Tensor | None = None  # oneDNN-blocked copy (pack_weights)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
@@ -110,12 +118,26 @@ class LlamaForCausalLM(nn.Module):
     def project_vocab(self, x: torch.Tensor) -> torch.Tensor:
         """lm_head: [rows, hidden] -> [rows, vocab]. From 8 rows on, a pre-transposed copy
         of the weight multiplies faster on CPU (the weight streams row-major)."""
+        if self._vocab_packed is not None:
+            return packed_linear(x, self._vocab_packed)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if x.shape[0] < 8 or x.device.type != "cpu" or x.dtype == torch.float64:
             return F.linear(x, w)
         if self._vocab_t is None:
             self._vocab_t = w.t().contiguous()  # [hidden, vocab]
         return x @ self._vocab_t
+
+    def pack_weights(self) -> None:
+        """Hold every linear weight and the vocabulary projection in oneDNN's blocked layout
+        (CPU bfloat16, after load_weights; see layers.can_pack_weights). A tied embedding
+        keeps its plain table for lookups beside the packed projection."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module is not self.lm_head:
+                module.pack()
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self._vocab_packed = pack_weight(w)
+        if self.lm_head is not None:
+            self.lm_head.weight = nn.Parameter(self._vocab_packed, False)
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown."""
