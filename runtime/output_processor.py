@@ -109,7 +109,7 @@ class OutputProcessor:
         if not live:
             return []
         reqs = [req for req, _ in live]
-        out, dead = self.sample(reqs, logits[[row + r for _, row in live]])
+        out, dead = self.sample(reqs, take_rows(logits, [row + r for _, row in live]))
         still = []
         for i, (req, row) in enumerate(live):
             if i in dead:
@@ -207,3 +207,12 @@ class OutputProcessor:
         longest = max(len(s) for s in req.params.stop)
         ids = req.output_ids[-(longest + 2) :]
         return self.tokenizer.decode(ids, req.params.skip_special_tokens)
+
+
+def take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows]: a view when the rows are consecutive (a plain decode step), otherwise
+    one index_select (list indexing copies through a much slower path)."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and rows == list(range(first, first + len(rows))):
+        return logits[first : first + len(rows)]
+    return logits.index_select(0, torch.tensor(rows, device=logits.device))

@@ -102,7 +102,7 @@ class Sampler:
         x = self.process_logits(logits, states, bitmask)
         # The row max gives the greedy ids (first index on ties, like argmax) and flags rows
         # with no finite choice: an all -inf row has max -inf, a NaN row has max NaN.
-        best, next_ids = x.max(dim=-1)  # [B], [B]
+        best, next_ids = row_max(x)  # [B], [B]
         is_alive = best > float("-inf")
         sampled = [i for i, s in enumerate(states) if not s.params.is_greedy]
         if sampled:
@@ -328,3 +328,21 @@ def _top_logprobs(raw_logprobs: torch.Tensor, nums: list[int]) -> list[list[tupl
     values, ids = raw_logprobs.topk(k, dim=-1)  # [B, k], descending
     values_list, ids_list = values.tolist(), ids.tolist()
     return [list(zip(values_list[i][:n], ids_list[i][:n], strict=True)) for i, n in enumerate(nums)]
+
+
+ROW_MAX_BLOCK = 1024
+
+
+def row_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.max(dim=-1) for [B, V]: the max and the first index holding it (NaN propagates).
+
+    max-with-index over the whole vocabulary is several times slower on CPU than a plain
+    max, so: per-block maxima of the whole row, then the index search in one block per row.
+    """
+    B, V = x.shape
+    if V % ROW_MAX_BLOCK or V == ROW_MAX_BLOCK:
+        return x.max(dim=-1)
+    blocks = x.view(B, V // ROW_MAX_BLOCK, ROW_MAX_BLOCK)
+    best, block = blocks.amax(dim=-1).max(dim=-1)  # the first block holding the max
+    within = blocks[torch.arange(B, device=x.device), block].max(dim=-1).indices
+    return best, block * ROW_MAX_BLOCK + within

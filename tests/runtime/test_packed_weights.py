@@ -40,7 +40,9 @@ def test_packed_weights_match_plain_weights(
     assert not any(
         m.weight.is_mkldnn for m in plain.runner.model.modules() if isinstance(m, Linear)
     )
-    torch.testing.assert_close(_prefill_logits(packed), _prefill_logits(plain), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        _prefill_logits(packed), _prefill_logits(plain), rtol=2e-2, atol=2e-2
+    )
     assert packed.generate(PROMPTS)[0] == plain.generate(PROMPTS)[0]
 
 

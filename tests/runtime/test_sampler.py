@@ -277,3 +277,22 @@ def test_bad_shapes_are_rejected() -> None:
         s.sample(torch.zeros(1, V), [state()], torch.zeros(1, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match="top_logprobs_num"):
         s.sample(torch.zeros(1, V), [state()], top_logprobs_num=[-1])
+
+
+def test_row_max_equals_max_with_first_index_on_ties_inf_and_nan() -> None:
+    from stemma.runtime.sampler import row_max
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        x = torch.randn(int(torch.randint(1, 9, (1,), generator=g)), 49152, generator=g)
+        if trial % 3 == 0:  # the same max in two blocks: the first wins
+            x[:, 5000] = x[:, 40000] = 9.0
+        if trial % 5 == 0:
+            x[0] = float("-inf")
+        if trial % 7 == 0:
+            x[-1, 777] = float("nan")
+        (best, ids), (ref_best, ref_ids) = row_max(x), x.max(dim=-1)
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(best, ref_best, equal_nan=True, rtol=0, atol=0)
+    odd = torch.randn(3, 1000)  # not a multiple of the block: plain max
+    assert torch.equal(row_max(odd)[1], odd.argmax(-1))
