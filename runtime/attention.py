@@ -61,6 +61,7 @@ class TorchAttnBackend:
         self.kv_slots = kv_slots.flatten()
         self.ctx_shape = tuple(kv_slots.shape)
         self.mask = mask[:, None]  # [B, 1, max_new, ctx]
+        self.additive_mask: torch.Tensor | None = None  # 0 / -inf, built by the first layer
 
     def forward(self, q, k, v, layer_id, fb, pool, sm_scale):
         pool.write(layer_id, self.out_loc, k, v)
@@ -79,11 +80,14 @@ class TorchAttnBackend:
             v_shared = pool.v[layer_id].index_select(0, self.shared_slots).to(q.dtype)
             o = cascade_attention(q_pad, k_shared, v_shared, k_ctx, v_ctx, self.mask, sm_scale)
             return o[:, 0] if self.is_decode else o[self.is_new]
+        if self.additive_mask is None:  # once per forward, not a bool->float pass per layer
+            self.additive_mask = torch.zeros(self.mask.shape, dtype=q.dtype, device=q.device)
+            self.additive_mask.masked_fill_(~self.mask, float("-inf"))
         o = F.scaled_dot_product_attention(
             q_pad.transpose(1, 2),
             k_ctx.transpose(1, 2),
             v_ctx.transpose(1, 2),
-            attn_mask=self.mask,
+            attn_mask=self.additive_mask,
             scale=sm_scale,
             enable_gqa=True,
         )  # [B, num_heads, max_new, head_dim]
