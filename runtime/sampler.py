@@ -342,7 +342,7 @@ def row_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B, V = x.shape
     if V % ROW_MAX_BLOCK or V == ROW_MAX_BLOCK:
         return x.max(dim=-1)
-    blocks = x.view(B, V // ROW_MAX_BLOCK, ROW_MAX_BLOCK)
+    blocks = x.reshape(B, V // ROW_MAX_BLOCK, ROW_MAX_BLOCK)
     best, block = blocks.amax(dim=-1).max(dim=-1)  # the first block holding the max
     within = blocks[torch.arange(B, device=x.device), block].max(dim=-1).indices
     return best, block * ROW_MAX_BLOCK + within

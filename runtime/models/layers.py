@@ -85,7 +85,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # As HF Llama: normalize in float32 (even for float64 models), scale in the model dtype.
-        # F.rms_norm is one fused kernel giving the same float32 values as the HF expression.
+        # F.rms_norm: one call, the same float32 values as the HF expression.
         h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, self.eps)
         return self.weight * h.to(x.dtype)
 

@@ -116,8 +116,9 @@ class LlamaForCausalLM(nn.Module):
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def project_vocab(self, x: torch.Tensor) -> torch.Tensor:
-        """lm_head: [rows, hidden] -> [rows, vocab]. From 8 rows on, a pre-transposed copy
-        of the weight multiplies faster on CPU (the weight streams row-major)."""
+        """lm_head: [rows, hidden] -> [rows, vocab]. Packed weights (pack_weights) go
+        through oneDNN; otherwise, from 8 rows on, a pre-transposed copy of the weight
+        multiplies faster on CPU (the weight streams row-major)."""
         if self._vocab_packed is not None:
             return packed_linear(x, self._vocab_packed)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -132,12 +133,12 @@ class LlamaForCausalLM(nn.Module):
         (CPU bfloat16, after load_weights; see layers.can_pack_weights). A tied embedding
         keeps its plain table for lookups beside the packed projection."""
         for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
+            if isinstance(module, Linear):
                 module.pack()
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self._vocab_packed = pack_weight(w)
-        if self.lm_head is not None:
-            self.lm_head.weight = nn.Parameter(self._vocab_packed, False)
+        if self.lm_head is None:
+            self._vocab_packed = pack_weight(self.embed_tokens.weight)
+        else:
+            self._vocab_packed = self.lm_head.weight
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown."""
