@@ -62,6 +62,9 @@ class TorchAttnBackend:
         self.ctx_shape = tuple(kv_slots.shape)
         self.mask = mask[:, None]  # [B, 1, max_new, ctx]
         self.additive_mask: torch.Tensor | None = None  # 0 / -inf, built by the first layer
+        # Decode over contexts of one length (one request, a fork's branches): no padding,
+        # so no mask, and SDPA skips reading one.
+        self.unmasked = self.is_decode and min(fb.seq_lens_cpu) == max_ctx
 
     def forward(self, q, k, v, layer_id, fb, pool, sm_scale):
         pool.write(layer_id, self.out_loc, k, v)
@@ -80,7 +83,7 @@ class TorchAttnBackend:
             v_shared = pool.v[layer_id].index_select(0, self.shared_slots).to(q.dtype)
             o = cascade_attention(q_pad, k_shared, v_shared, k_ctx, v_ctx, self.mask, sm_scale)
             return o[:, 0] if self.is_decode else o[self.is_new]
-        if self.additive_mask is None:  # once per forward, not a bool->float pass per layer
+        if self.additive_mask is None and not self.unmasked:  # once per forward, not per layer
             self.additive_mask = torch.zeros(self.mask.shape, dtype=q.dtype, device=q.device)
             self.additive_mask.masked_fill_(~self.mask, float("-inf"))
         o = F.scaled_dot_product_attention(

@@ -1,8 +1,13 @@
 """Building blocks of a decoder, each linear written so tensor parallelism swaps one class.
 
 Linear layers hold the full (tp_size=1) weight today; `load_weight` is the one place a
-sharded layer would slice its part. RMSNorm and rotary embedding follow HF Llama exactly
-(rotate-half RoPE, inv_freq and angles in float32) so float64 runs match bit for bit.
+sharded layer would slice its part. RMSNorm and rotary embedding follow HF Llama (rotate-half
+RoPE, inv_freq and angles in float32, the norm in float32), so float64 runs match HF's to
+rounding.
+
+On CPU in bfloat16 the model packs its weights once (`LlamaForCausalLM.pack_weights`): each
+linear is re-laid out for oneDNN, a norm's scale is folded into the linear it feeds, and the
+work around a matmul (the residual add, silu, the gate * up product) runs inside it.
 """
 
 from __future__ import annotations
@@ -31,9 +36,19 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None):
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, act: str = "none"
+) -> torch.Tensor:
+    """act(x W^T + b) with W packed; act is "none" or "swish" (silu), applied in the matmul."""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, act, [], "")
     return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def packed_linear_then(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, op: str, other: torch.Tensor
+) -> torch.Tensor:
+    """(x W^T + b) op other, op "add" or "mul", in one oneDNN call; x and other are 2-D."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, bias, op)
 
 
 class Linear(nn.Module):
@@ -44,16 +59,29 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.is_mkldnn:
-            return packed_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+    @property
+    def is_packed(self) -> bool:
+        return self.weight.is_mkldnn
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x W^T (+ b), plus residual when given (x: [tokens, in]; residual: [tokens, out])."""
+        if self.is_packed:
+            if residual is None:
+                return packed_linear(x, self.weight, self.bias)
+            return packed_linear_then(x, self.weight, self.bias, "add", residual)
+        y = F.linear(x, self.weight, self.bias)
+        return y if residual is None else residual + y
 
     def pack(self) -> None:
         """Replace the weight by its oneDNN-blocked form (after loading; see can_pack_weights).
         A plain bf16 weight is re-laid out inside every CPU matmul; a packed one streams as
         is, which is most of a decode step's time."""
         self.weight = nn.Parameter(pack_weight(self.weight), False)
+
+    def scale_inputs(self, scale: torch.Tensor) -> None:
+        """W <- W diag(scale), computed in float32: x W'^T == (x * scale) W^T. Plain weights."""
+        w = self.weight.data
+        w.copy_(w.float().mul_(scale.float()).to(w.dtype))
 
 
 class MergedLinear(Linear):
@@ -68,6 +96,36 @@ class MergedLinear(Linear):
         return getattr(self, name)[start : start + self.out_sizes[idx]]
 
 
+class GateUpLinear(MergedLinear):
+    """gate|up stacked; forward gives the gated activation silu(x G^T) * (x U^T).
+
+    Packed, the two halves are separate oneDNN weights (`weight` the gate, `up_weight` the
+    up), so the silu runs inside the gate matmul and the product inside the up matmul.
+    """
+
+    def __init__(self, in_features: int, inter: int, bias: bool, dtype: torch.dtype):
+        super().__init__(in_features, [inter, inter], bias, dtype)
+        self.up_weight: nn.Parameter | None = None
+        self.up_bias: nn.Parameter | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if self.is_packed:
+            gate = packed_linear(x, self.weight, self.bias, "swish")
+            return packed_linear_then(x, self.up_weight, self.up_bias, "mul", gate)
+        gate, up = F.linear(x, self.weight, self.bias).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def pack(self) -> None:
+        inter = self.out_sizes[0]
+        w = self.weight.detach()
+        self.weight = nn.Parameter(pack_weight(w[:inter].contiguous()), False)
+        self.up_weight = nn.Parameter(pack_weight(w[inter:].contiguous()), False)
+        if self.bias is not None:
+            b = self.bias.detach()
+            self.bias = nn.Parameter(b[:inter].clone(), False)
+            self.up_bias = nn.Parameter(b[inter:].clone(), False)
+
+
 class Embedding(nn.Module):
     def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype):
         super().__init__()
@@ -80,14 +138,24 @@ class Embedding(nn.Module):
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), False)
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(dim, dtype=dtype), False)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # As HF Llama: normalize in float32 (even for float64 models), scale in the model dtype.
         # F.rms_norm: one call, the same float32 values as the HF expression.
+        if self.weight is None:  # folded into the next linear; bf16 in, float32 inside
+            return F.rms_norm(x, (x.shape[-1],), None, self.eps)
         h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, self.eps)
         return self.weight * h.to(x.dtype)
+
+    def fold_into(self, linear: Linear) -> None:
+        """Move the scale into the linear this norm feeds (before packing); the norm then
+        only normalizes. For reduced-precision models, where F.rms_norm of the model dtype
+        computes in float32 (float64 would lose HF's float32 normalization)."""
+        assert self.weight is not None
+        linear.scale_inputs(self.weight.detach())
+        self.weight = None
 
 
 class RotaryEmbedding(nn.Module):
@@ -115,16 +183,16 @@ class RotaryEmbedding(nn.Module):
         self.sin = emb.sin().to(device=device, dtype=dtype)
 
     def table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for these positions, [num_tokens, 1, head_dim]; computed once per forward."""
-        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        """cos and signed sin for these positions, [num_tokens, 1, head_dim]; computed once
+        per forward. The sin's first half is negated (see apply)."""
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        half = self.head_dim // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
     @staticmethod
     def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Rotate x: [num_tokens, heads, head_dim]; q and k heads go through in one call."""
-        cos, sin = cos_sin
-        return x * cos + _rotate_half(x) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        """Rotate x: [num_tokens, heads, head_dim]; q and k heads go through in one call.
+        HF's x * cos + rotate_half(x) * sin, with rotate_half(x) = [-x2, x1] written as
+        roll(x) = [x2, x1] times the signed sin: three calls instead of six."""
+        cos, signed_sin = cos_sin
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)

@@ -18,6 +18,7 @@ from ..memory import KVPool
 from ..model_config import ModelConfig
 from .layers import (
     Embedding,
+    GateUpLinear,
     Linear,
     MergedLinear,
     RMSNorm,
@@ -50,27 +51,28 @@ class Attention(nn.Module):
         fb: ForwardBatch,
         pool: KVPool,
         attn: AttentionBackend,
+        residual: torch.Tensor,
     ) -> torch.Tensor:
-        # x: [num_tokens, hidden]
+        """residual + attention(x); x, residual: [num_tokens, hidden]."""
         n, num_q, num_qk = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
         # q|k|v as heads: [n, num_heads + 2 * num_kv_heads, head_dim]; q and k rotate together.
         qkv = self.qkv_proj(x).view(n, num_qk + self.num_kv_heads, self.head_dim)
         qk = RotaryEmbedding.apply(qkv[:, :num_qk], cos_sin)
         q, k, v = qk[:, :num_q], qk[:, num_q:], qkv[:, num_qk:]
         o = attn.forward(q, k, v, self.layer_id, fb, pool, self.sm_scale)
-        return self.o_proj(o.reshape(n, num_q * self.head_dim))
+        return self.o_proj(o.reshape(n, num_q * self.head_dim), residual)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
         inter = cfg.intermediate_size
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, [inter, inter], cfg.mlp_bias, dtype)
+        self.gate_up_proj = GateUpLinear(cfg.hidden_size, inter, cfg.mlp_bias, dtype)
         self.down_proj = Linear(inter, cfg.hidden_size, cfg.mlp_bias, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + mlp(x)."""
+        return self.down_proj(self.gate_up_proj(x), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -82,8 +84,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, dtype)
 
     def forward(self, x, cos_sin, fb, pool, attn):
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, fb, pool, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), cos_sin, fb, pool, attn, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -130,8 +132,12 @@ class LlamaForCausalLM(nn.Module):
 
     def pack_weights(self) -> None:
         """Hold every linear weight and the vocabulary projection in oneDNN's blocked layout
-        (CPU bfloat16, after load_weights; see layers.can_pack_weights). A tied embedding
-        keeps its plain table for lookups beside the packed projection."""
+        (CPU bfloat16, after load_weights; see layers.can_pack_weights). Each layer's norms
+        hand their scale to the linear they feed first. A tied embedding keeps its plain
+        table for lookups beside the packed projection. One-way: load weights before."""
+        for layer in self.layers:
+            layer.input_layernorm.fold_into(layer.self_attn.qkv_proj)
+            layer.post_attention_layernorm.fold_into(layer.mlp.gate_up_proj)
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()

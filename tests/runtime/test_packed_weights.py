@@ -1,4 +1,4 @@
-"""CPU bfloat16: linear weights held in oneDNN's blocked layout give the plain weights' logits."""
+"""CPU bfloat16: weights packed for oneDNN (with norms folded and ops fused) stay accurate."""
 
 from __future__ import annotations
 
@@ -28,26 +28,43 @@ def _prefill_logits(driver: GreedyDriver) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("ckpt_name", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_packed_weights_match_plain_weights(
+def test_packed_weights_as_accurate_as_plain_weights(
     ckpt_name: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Packing folds the norm scales into the next linear and fuses the residual add, silu and
+    gate * up product into the matmuls, so bf16 rounds at other places than with plain weights.
+    Both are measured against float32: packed must be as close to it as plain bf16 is."""
     ckpt = request.getfixturevalue(ckpt_name)  # qwen2: qkv bias and tied embeddings
+    reference = _prefill_logits(GreedyDriver(ckpt, dtype="float32"))
     packed = GreedyDriver(ckpt, dtype="bfloat16")
-    linears = [m for m in packed.runner.model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.weight.is_mkldnn for m in linears)
+    model = packed.runner.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.is_packed for m in linears)
+    assert all(
+        layer.input_layernorm.weight is None and layer.post_attention_layernorm.weight is None
+        for layer in model.layers
+    )
     monkeypatch.setattr(model_runner, "can_pack_weights", lambda device, dtype: False)
     plain = GreedyDriver(ckpt, dtype="bfloat16")
-    assert not any(
-        m.weight.is_mkldnn for m in plain.runner.model.modules() if isinstance(m, Linear)
-    )
-    torch.testing.assert_close(
-        _prefill_logits(packed), _prefill_logits(plain), rtol=2e-2, atol=2e-2
-    )
-    assert packed.generate(PROMPTS)[0] == plain.generate(PROMPTS)[0]
+    assert not any(m.is_packed for m in plain.runner.model.modules() if isinstance(m, Linear))
+    err_packed = (_prefill_logits(packed) - reference).abs()
+    err_plain = (_prefill_logits(plain) - reference).abs()
+    assert float(err_plain.mean()) > 0  # bf16 does round: the comparison means something
+    assert float(err_packed.mean()) <= 1.2 * float(err_plain.mean())
+    assert float(err_packed.max()) <= 1.5 * float(err_plain.max())
+
+
+def test_packed_greedy_ids_follow_float32_where_the_choice_is_clear(tiny_llama_dir) -> None:
+    """Greedy decoding on packed weights picks float32's token wherever float32's top two
+    logits are further apart than bf16 rounding moves them (twice the largest error above)."""
+    reference = _prefill_logits(GreedyDriver(tiny_llama_dir, dtype="float32"))
+    packed = _prefill_logits(GreedyDriver(tiny_llama_dir, dtype="bfloat16"))
+    top2 = reference.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.5
+    assert int(clear.sum()) >= len(reference) // 4
+    assert torch.equal(packed.argmax(-1)[clear], reference.argmax(-1)[clear])
 
 
 def test_float32_weights_stay_plain(tiny_llama_dir) -> None:
     driver = GreedyDriver(tiny_llama_dir, dtype="float32")
-    assert not any(
-        m.weight.is_mkldnn for m in driver.runner.model.modules() if isinstance(m, Linear)
-    )
+    assert not any(m.is_packed for m in driver.runner.model.modules() if isinstance(m, Linear))
