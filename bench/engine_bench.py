@@ -91,6 +91,7 @@ def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
                 "ratio": paired_speedup(t["hf"], t["engine"]),
                 "ratio_of_medians": t_hf / t_engine,
                 "rounds": args.repeats,
+                "round_seconds": {k: [round(x, 3) for x in v] for k, v in t.items()},
             }
         )
     return rows

@@ -33,7 +33,15 @@ class AttentionBackend(Protocol):
 
 
 class TorchAttnBackend:
-    """Pads the batch to [B, max_new, max_ctx] and runs one scaled_dot_product_attention."""
+    """Pads the batch to [B, max_new, max_ctx] and runs one scaled_dot_product_attention.
+
+    Decode steps read K/V from a dense copy of the batch's contexts (DecodeKV) that is carried
+    from step to step while the batch stays the same, instead of gathering every context from
+    the pool again in every layer.
+    """
+
+    def __init__(self) -> None:
+        self.decode_kv = DecodeKV()
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         device = fb.input_ids.device
@@ -65,6 +73,8 @@ class TorchAttnBackend:
         # Decode over contexts of one length (one request, a fork's branches): no padding,
         # so no mask, and SDPA skips reading one.
         self.unmasked = self.is_decode and min(fb.seq_lens_cpu) == max_ctx
+        eligible = self.is_decode and not self.shared_len
+        self.dense = self.decode_kv.begin(fb, eligible, kv_slots)
 
     def forward(self, q, k, v, layer_id, fb, pool, sm_scale):
         pool.write(layer_id, self.out_loc, k, v)
@@ -74,10 +84,18 @@ class TorchAttnBackend:
             B, max_new = self.is_new.shape
             q_pad = q.new_zeros((B, max_new, q.shape[1], q.shape[2]))
             q_pad[self.is_new] = q
-        kv_shape = (*self.ctx_shape, *pool.k[layer_id].shape[1:])
         # k_ctx, v_ctx: [B, ctx, num_kv_heads, head_dim] (the part after a shared prefix)
-        k_ctx = pool.k[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
-        v_ctx = pool.v[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
+        dense = None
+        if self.dense == "append":
+            dense = self.decode_kv.append(layer_id, k, v)
+        elif self.dense == "start":
+            dense = self.decode_kv.start(layer_id, pool, q.dtype)
+        if dense is not None:
+            k_ctx, v_ctx = dense
+        else:
+            kv_shape = (*self.ctx_shape, *pool.k[layer_id].shape[1:])
+            k_ctx = pool.k[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
+            v_ctx = pool.v[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
         if self.shared_len:
             k_shared = pool.k[layer_id].index_select(0, self.shared_slots).to(q.dtype)
             v_shared = pool.v[layer_id].index_select(0, self.shared_slots).to(q.dtype)
@@ -95,6 +113,83 @@ class TorchAttnBackend:
             enable_gqa=True,
         )  # [B, num_heads, max_new, head_dim]
         return o[:, :, 0] if self.is_decode else o.transpose(1, 2)[self.is_new]
+
+
+class DecodeKV:
+    """Every layer's K/V for the running decode batch, dense [B, capacity, num_kv_heads,
+    head_dim], carried across steps.
+
+    A decode step whose requests are the previous step's, in the same order, each one token
+    longer, appends this step's K/V (one small write per layer) rather than gathering all
+    contexts from the pool. Any other step ends the run; the next decode step starts a new
+    one with the gather it would do anyway, only HEADROOM positions wider. The pool stays the
+    source of truth (written every step as before), and the copy holds what the pool holds,
+    so reading it changes no result.
+    """
+
+    BUDGET_BYTES = 256 << 20  # larger batches x contexts gather from the pool every step
+    HEADROOM = 16  # positions gathered past the longest context; a run regrows when full
+
+    def __init__(self) -> None:
+        self.k: list[torch.Tensor] = []  # per layer, [B, capacity, num_kv_heads, head_dim]
+        self.v: list[torch.Tensor] = []
+        self.rows: list[int] | None = None  # the run's req_pool_idx (None: no run)
+        self.seq_lens: list[int] = []  # its context lengths at the last step
+        self.capacity = 0
+        self.max_ctx = 0  # this step's longest context
+        self.slots = torch.empty(0, dtype=torch.long)  # start: [B * capacity] slots to gather
+        self.flat_pos = torch.empty(0, dtype=torch.long)  # append: this step's write rows
+
+    def begin(self, fb: ForwardBatch, eligible: bool, kv_slots: torch.Tensor) -> str | None:
+        """How this step uses the copy: "append" (the run goes on), "start" (a new run) or
+        None (no copy). kv_slots: [B, max_ctx] each request's context slots, 0 past its end."""
+        rows, seq_lens = fb.req_pool_idx.tolist(), fb.seq_lens_cpu
+        self.max_ctx = max(seq_lens)
+        continues = (
+            eligible
+            and rows == self.rows
+            and all(s == p + 1 for s, p in zip(seq_lens, self.seq_lens))
+            and self.max_ctx <= self.capacity
+        )
+        self.rows, self.seq_lens = (rows, seq_lens) if eligible else (None, [])
+        if continues:
+            # Each request's new token: row b, position seq_len - 1 of the flattened buffer.
+            batch = torch.arange(len(rows), device=fb.seq_lens.device)
+            self.flat_pos = batch * self.capacity + fb.seq_lens.long() - 1
+            return "append"
+        self.k, self.v = [], []
+        if not eligible:
+            return None
+        self.capacity = self.max_ctx + self.HEADROOM
+        self.slots = F.pad(kv_slots, (0, self.HEADROOM)).flatten()  # slot 0: zeros
+        return "start"
+
+    def start(self, layer_id: int, pool: KVPool, dtype: torch.dtype):
+        """This layer's dense K/V, gathered from the pool (this step's tokens included); the
+        first layer ends the run instead when the buffers would exceed the budget. Returns
+        [B, max_ctx, Hkv, D] views, or None without a run."""
+        k_pool, v_pool = pool.k[layer_id], pool.v[layer_id]
+        if layer_id == 0:
+            need = 2 * len(pool.k) * self.slots.numel() * k_pool[0].numel() * k_pool.itemsize
+            if need > self.BUDGET_BYTES or k_pool.dtype != dtype:
+                self.rows = None
+        if self.rows is None:
+            return None
+        shape = (len(self.rows), self.capacity, *k_pool.shape[1:])
+        k = k_pool.index_select(0, self.slots).view(shape)
+        v = v_pool.index_select(0, self.slots).view(shape)
+        self.k.append(k)
+        self.v.append(v)
+        return k[:, : self.max_ctx], v[:, : self.max_ctx]
+
+    def append(self, layer_id: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Write this step's K/V ([B, Hkv, D], one token per request) at each request's
+        position; return the dense contexts [B, max_ctx, Hkv, D]."""
+        k, v = self.k[layer_id], self.v[layer_id]
+        flat = (-1, *k.shape[2:])
+        k.view(flat).index_copy_(0, self.flat_pos, k_new.to(k.dtype))
+        v.view(flat).index_copy_(0, self.flat_pos, v_new.to(v.dtype))
+        return k[:, : self.max_ctx], v[:, : self.max_ctx]
 
 
 MIN_SHARED_PREFIX = 32  # shorter shared prefixes are not worth a second attention pass
