@@ -57,16 +57,37 @@ def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, list[flo
     return statistics.median(times), times
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+def cpu_ticks() -> tuple[int, int] | None:
+    """(all, stolen) CPU ticks since boot from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields), fields[7] if len(fields) > 7 else 0
+
+
+def interleaved_times(
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    steal: dict[str, list[float]] | None = None,
+) -> dict[str, list[float]]:
     """Seconds of each fn per round. Every round runs each fn once, in alternating order
-    (A B, B A, ...), so that drifts in machine load hit every candidate alike."""
+    (A B, B A, ...), so that drifts in machine load hit every candidate alike. With `steal`,
+    each run's share of CPU time the hypervisor gave to other guests is recorded there
+    (a VM's noise made visible)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     items = list(fns.items())
     for r in range(repeats):
         for name, fn in items if r % 2 == 0 else reversed(items):
+            before = cpu_ticks()
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
+            after = cpu_ticks()
+            if steal is not None and before and after:
+                total = max(1, after[0] - before[0])
+                steal.setdefault(name, []).append(round((after[1] - before[1]) / total, 3))
     return times
 
 

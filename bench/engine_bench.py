@@ -80,7 +80,8 @@ def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
         def run_hf(prompts: list[list[int]] = prompts) -> None:
             hf_generate(hf, prompts, args.new_tokens)
 
-        t = interleaved_times({"engine": run_engine, "hf": run_hf}, args.repeats)
+        steal: dict[str, list[float]] = {}
+        t = interleaved_times({"engine": run_engine, "hf": run_hf}, args.repeats, steal)
         t_engine, t_hf = statistics.median(t["engine"]), statistics.median(t["hf"])
         rows.append(
             {
@@ -92,6 +93,7 @@ def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
                 "ratio_of_medians": t_hf / t_engine,
                 "rounds": args.repeats,
                 "round_seconds": {k: [round(x, 3) for x in v] for k, v in t.items()},
+                "round_cpu_steal": steal,
             }
         )
     return rows
