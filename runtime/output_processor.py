@@ -18,7 +18,7 @@ from .forward_batch import ForwardBatch
 from .grammar import fill_bitmask
 from .model_runner import ModelRunner
 from .req import FinishReason, Req
-from .sampler import AllMaskedError, Sampler
+from .sampler import AllMaskedError, Sampler, picks_plain_max
 from .tokenizer import Tokenizer
 
 
@@ -74,7 +74,9 @@ class OutputProcessor:
 
     # ---- after the forward ----------------------------------------------------------------
     def process(self, batch, plans: list[RowPlan], logits: torch.Tensor) -> list[Req]:
-        """Advance every request in the batch; returns those that finished."""
+        """Advance every request in the batch; returns those that finished. logits: the
+        model's, in its dtype (bfloat16 ones are widened unless only argmaxes are read)."""
+        logits = self.widen(batch.reqs, plans, logits)
         for req, n in zip(batch.reqs, batch.num_new):
             req.kv_len += n
         self.record_input_logprobs(batch.reqs, plans, logits)
@@ -96,6 +98,21 @@ class OutputProcessor:
             if req.finish is not None:
                 done.append(req)
         return done
+
+    @staticmethod
+    def widen(reqs: list[Req], plans: list[RowPlan], logits: torch.Tensor) -> torch.Tensor:
+        """float32 logits, unless every row is a plain greedy choice (no logprobs, masks,
+        penalties or bias): an argmax over bfloat16 logits is exact, and skipping the copy
+        saves a [rows, vocab] float32 pass per decode step."""
+        if logits.dtype in (torch.float32, torch.float64):
+            return logits
+        plain = all(
+            not r.logprob.return_logprob and r.grammar is None and not p.input_positions
+            for r, p in zip(reqs, plans)
+        )
+        if plain and picks_plain_max([r.sampling for r in reqs]):
+            return logits
+        return logits.float()
 
     def sample_round(self, active: list[tuple[Req, int]], r: int, logits) -> list[tuple[Req, int]]:
         """Sample position r for each request; keep those whose draft token was confirmed."""

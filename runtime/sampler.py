@@ -217,6 +217,12 @@ class Sampler:
         return self._generators[device]
 
 
+def picks_plain_max(states: list[SamplingState]) -> bool:
+    """Whether every row's choice is the argmax of its raw logits (greedy, nothing applied):
+    then reduced-precision logits choose exactly as their float32 copy would."""
+    return all(s.params.is_greedy and not _modifies_logits(s) for s in states)
+
+
 def _modifies_logits(s: SamplingState) -> bool:
     p = s.params
     return bool(

@@ -107,15 +107,15 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend) -> torch.Tensor:
-        """Logits for the rows fb.logits_idx: [num_logit_rows, vocab_size] (float32 or wider)."""
+        """Logits for the rows fb.logits_idx: [num_logit_rows, vocab_size], in the model's
+        dtype (the output processor widens reduced-precision logits where it needs to)."""
         attn.init_forward_metadata(fb)
         x = self.embed_tokens(fb.input_ids)
         cos_sin = self.rope.table(fb.positions)
         for layer in self.layers:
             x = layer(x, cos_sin, fb, pool, attn)
         x = self.norm(x[fb.logits_idx])
-        logits = self.project_vocab(x)
-        return logits if logits.dtype == torch.float64 else logits.float()
+        return self.project_vocab(x)
 
     def project_vocab(self, x: torch.Tensor) -> torch.Tensor:
         """lm_head: [rows, hidden] -> [rows, vocab]. Packed weights (pack_weights) go

@@ -68,3 +68,30 @@ def test_packed_greedy_ids_follow_float32_where_the_choice_is_clear(tiny_llama_d
 def test_float32_weights_stay_plain(tiny_llama_dir) -> None:
     driver = GreedyDriver(tiny_llama_dir, dtype="float32")
     assert not any(m.is_packed for m in driver.runner.model.modules() if isinstance(m, Linear))
+
+
+def test_plain_greedy_reads_bf16_logits_and_chooses_as_float32(
+    tiny_llama_dir, harness_factory, make_prompts, monkeypatch
+) -> None:
+    """Plain greedy rows take the argmax of the model's bf16 logits (exact: widening is
+    exact); a row that wants logprobs gets float32 logits. Both choose the same ids."""
+    from stemma.runtime.sampler import Sampler
+
+    seen: list[torch.dtype] = []
+    real_sample = Sampler.sample
+
+    def spy(self, logits, *args, **kwargs):
+        seen.append(logits.dtype)
+        return real_sample(self, logits, *args, **kwargs)
+
+    monkeypatch.setattr(Sampler, "sample", spy)
+    prompts = make_prompts([5, 12, 30], 384, seed=6)
+    outputs = {}
+    for mode, extra in [("plain", {}), ("logprobs", {"logprob": {"return_logprob": True}})]:
+        h = harness_factory(tiny_llama_dir, dtype="bfloat16", max_total_tokens=1024)
+        reqs = [h.add(f"{mode}{i}", p, max_new_tokens=6, **extra) for i, p in enumerate(prompts)]
+        seen.clear()
+        h.run()
+        assert set(seen) == {torch.bfloat16 if mode == "plain" else torch.float32}
+        outputs[mode] = [r.output_ids for r in reqs]
+    assert outputs["plain"] == outputs["logprobs"]

@@ -296,3 +296,17 @@ def test_row_max_equals_max_with_first_index_on_ties_inf_and_nan() -> None:
         torch.testing.assert_close(best, ref_best, equal_nan=True, rtol=0, atol=0)
     odd = torch.randn(3, 1000)  # not a multiple of the block: plain max
     assert torch.equal(row_max(odd)[1], odd.argmax(-1))
+
+
+def test_picks_plain_max_only_for_untouched_greedy_rows() -> None:
+    from stemma.runtime.sampler import picks_plain_max
+
+    assert picks_plain_max([state(temperature=0), state(temperature=0, ignore_eos=True)])
+    for params in (
+        {"temperature": 0.7},
+        {"temperature": 0, "logit_bias": {"3": 1.0}},
+        {"temperature": 0, "min_new_tokens": 2},
+        {"temperature": 0, "repetition_penalty": 1.1},
+        {"temperature": 0, "presence_penalty": 0.5},
+    ):
+        assert not picks_plain_max([state(temperature=0), state(**params)]), params
