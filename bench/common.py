@@ -26,8 +26,13 @@ def git_commit() -> str:
             capture_output=True,
             text=True,
         ).stdout.strip()
+        # Results appended by an earlier run do not make the code dirty.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=root, check=True, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--", ".", ":!bench/results"],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
