@@ -165,7 +165,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim, self.theta, self.max_position = head_dim, theta, max_position
         self.register_buffer("cos", torch.empty(0, dtype=dtype), persistent=False)
-        self.register_buffer("sin", torch.empty(0, dtype=dtype), persistent=False)
+        # The sin table's first half is stored negated (see apply).
+        self.register_buffer("signed_sin", torch.empty(0, dtype=dtype), persistent=False)
         self.build_tables()
 
     def build_tables(self) -> None:
@@ -180,14 +181,12 @@ class RotaryEmbedding(nn.Module):
         freqs = pos[:, None] * inv_freq[None, :]  # [max_position, head_dim / 2]
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        self.signed_sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1).to(device, dtype)
 
     def table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for these positions, [num_tokens, 1, head_dim]; computed once
         per forward. The sin's first half is negated (see apply)."""
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        half = self.head_dim // 2
-        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
 
     @staticmethod
     def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
