@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from ..runtime.dtype_policy import DTYPES
 from ..runtime.engine import Engine
-from ..runtime.loader import DTYPES, resolve_checkpoint
+from ..runtime.loader import resolve_checkpoint
 from .common import (
     append_results,
     interleaved_medians,
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--workloads", default="decode,fanout,stream")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     common = {"model": args.model, "dtype": args.dtype, "kv_cache_mb": 1024}
     with Engine(args.model, dtype=args.dtype, kv_cache_mb=1024) as engine:
-        hf = hf_model(args.model, args.dtype) if {"decode", "fanout"} & set(workloads) else None
+        common["dtype"] = engine.dtype.name
+        needs_hf = {"decode", "fanout"} & set(workloads)
+        hf = hf_model(args.model, engine.dtype.name) if needs_hf else None
         if "decode" in workloads:
             rows += bench_decode(engine, hf, args)
         if "fanout" in workloads:

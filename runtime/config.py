@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str = "smollm2-135m"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # see runtime/dtype_policy.py: bfloat16 only where it is native
     device: str = "cpu"
     attention_backend: str = "auto"  # torch on CPU, triton on CUDA
     kv_cache_mb: int = 512  # memory budget for the KV pool

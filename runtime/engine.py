@@ -17,10 +17,11 @@ import torch
 
 from .config import EngineConfig
 from .constrained import Constraints
+from .dtype_policy import resolve_dtype
 from .engine_state import EngineMetrics, Handle
 from .grammar import default_grammar_cache_dir
 from .io_struct import GenerateRequest
-from .loader import DTYPES, load_model
+from .loader import load_model
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
 from .req import FinishReason, Req
@@ -39,7 +40,8 @@ class Engine:
         self.config = cfg = EngineConfig.from_kwargs(model=model, **config)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        loaded = load_model(cfg.model, DTYPES[cfg.dtype], cfg.device, cfg.cache_dir)
+        self.dtype = resolve_dtype(cfg.dtype, cfg.device)
+        loaded = load_model(cfg.model, self.dtype.torch_dtype, cfg.device, cfg.cache_dir)
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
         self.runner = ModelRunner(cfg, loaded)
@@ -106,7 +108,8 @@ class Engine:
         return {
             "model_path": self.config.model,
             "is_generation": True,
-            "dtype": self.config.dtype,
+            "dtype": self.dtype.name,
+            "dtype_reason": self.dtype.reason,
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(self.tokenizer.eos_token_ids),

@@ -92,6 +92,8 @@ async def server_info(request: Request) -> dict[str, Any]:
         "version": stemma_version,
         "served_model_name": state.served_model_name,
         "engine_config": dataclasses.asdict(state.engine.config),
+        "dtype": state.engine.dtype.name,  # what dtype "auto" resolved to
+        "dtype_reason": state.engine.dtype.reason,
         "context_length": state.context_len,
         "max_request_bytes": state.max_request_bytes,
         "api_key_required": state.api_key is not None,

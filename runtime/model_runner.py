@@ -7,7 +7,7 @@ import torch
 from .attention import make_attention_backend
 from .config import EngineConfig
 from .forward_batch import ForwardBatch
-from .loader import DTYPES, LoadedModel
+from .loader import LoadedModel
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
 from .models.layers import can_pack_weights
 
@@ -17,7 +17,7 @@ class ModelRunner:
         self.cfg = cfg
         self.model = loaded.model
         mc = loaded.config
-        self.dtype = DTYPES[cfg.dtype]
+        self.dtype = loaded.model.dtype
         self.device = torch.device(cfg.device)
         if can_pack_weights(self.device, self.dtype):
             self.model.pack_weights()

@@ -95,7 +95,8 @@ class SchedulerHarness:
     def __init__(self, ckpt: Path, **config):
         import torch
         from stemma.runtime.config import EngineConfig
-        from stemma.runtime.loader import DTYPES, load_model
+        from stemma.runtime.dtype_policy import resolve_dtype
+        from stemma.runtime.loader import load_model
         from stemma.runtime.model_runner import ModelRunner
         from stemma.runtime.output_processor import OutputProcessor
         from stemma.runtime.sampler import Sampler
@@ -103,7 +104,7 @@ class SchedulerHarness:
 
         config.setdefault("dtype", "float64")
         self.cfg = EngineConfig(model=str(ckpt), **config)
-        loaded = load_model(self.cfg.model, DTYPES[self.cfg.dtype])
+        loaded = load_model(self.cfg.model, resolve_dtype(self.cfg.dtype, "cpu").torch_dtype)
         self.tokenizer = loaded.tokenizer
         self.runner = ModelRunner(self.cfg, loaded)
         sampler = Sampler(loaded.config.vocab_size, self.tokenizer.eos_token_ids, 0)

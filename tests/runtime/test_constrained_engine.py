@@ -42,8 +42,9 @@ def bounded(regex: str, most: int = 6) -> str:
 
 @pytest.fixture(scope="module")
 def engines():
-    on = Engine("smollm2-135m", dtype="bfloat16", kv_cache_mb=256)
-    off = Engine("smollm2-135m", dtype="bfloat16", kv_cache_mb=256, enable_jump_forward=False)
+    # dtype "auto": bfloat16 where the CPU runs it natively, float32 elsewhere.
+    on = Engine("smollm2-135m", kv_cache_mb=256)
+    off = Engine("smollm2-135m", kv_cache_mb=256, enable_jump_forward=False)
     on.check_invariants = off.check_invariants = True
     yield {True: on, False: off}
     on.shutdown()
@@ -182,7 +183,7 @@ def test_constraint_over_compile_limit_fails_that_request_only():
         "properties": {"s": {"type": "string", "maxLength": 400}},
         "required": ["s"],
     }
-    with Engine("smollm2-135m", dtype="bfloat16", kv_cache_mb=128, grammar_timeout_s=0.5) as engine:
+    with Engine("smollm2-135m", kv_cache_mb=128, grammar_timeout_s=0.5) as engine:
         outs = engine.generate(
             [prompt(engine, "Write JSON."), prompt(engine, "Say hi.")],
             [

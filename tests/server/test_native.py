@@ -105,6 +105,7 @@ def test_info_and_health_routes(client, server):
     server_info = client.get("/get_server_info").json()
     assert server_info["engine_config"]["max_running_requests"] == 64
     assert server_info["context_length"] == 512
+    assert server_info["dtype"] == "float32" and server_info["dtype_reason"] == "explicit"
     assert client.get("/server_info").json()["served_model_name"] == "tiny"
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/health_generate").json() == {"status": "ok"}

@@ -1,0 +1,106 @@
+"""dtype "auto": the fastest exact-enough compute dtype the device runs natively, and a warning
+with a measured slowdown when an explicit dtype falls to the hardware's slow path.
+
+On CPUs without native bfloat16 (AVX2-only x86, e.g. AMD EPYC before Zen 4) torch's bfloat16
+and float16 matmuls run a reference loop: measured on a 2-core AVX2 EPYC over SmolLM2-135M's
+linears, 2.5x float32's time at 8 rows and 3.4x at 32 (bench/dtype_bench.py). There "auto" is
+float32; where oneDNN runs bfloat16 natively (AVX512-BF16 / AMX) it is bfloat16.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("stemma.dtype")
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DtypeChoice:
+    name: str  # a key of DTYPES
+    reason: str  # one line: why this dtype, for the start-up log and /get_server_info
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.name]
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 matmuls natively on this CPU (AVX512-BF16 / AMX)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def cpu_isa() -> str:
+    """torch's CPU kernel level, e.g. "AVX2", "AVX512" (what its vectorized ops use)."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def auto_dtype(device: str) -> DtypeChoice:
+    """The dtype "auto" resolves to on `device`."""
+    if device.startswith("cuda"):
+        if torch.cuda.is_bf16_supported():
+            return DtypeChoice("bfloat16", "auto: this GPU computes bfloat16 natively")
+        return DtypeChoice("float16", "auto: this GPU has no bfloat16; float16 is native")
+    if cpu_has_native_bf16():
+        return DtypeChoice("bfloat16", f"auto: oneDNN runs bfloat16 natively ({cpu_isa()})")
+    return DtypeChoice(
+        "float32",
+        f"auto: no native bfloat16 on this CPU ({cpu_isa()}); reduced-precision matmuls "
+        "would take torch's reference path",
+    )
+
+
+def resolve_dtype(name: str, device: str, hidden: int = 1024, inter: int = 4096) -> DtypeChoice:
+    """ "auto" or an explicit dtype name -> the choice, logged. An explicit dtype that this CPU
+    runs on its slow path is kept, with a warning that gives the measured slowdown of one
+    [32, hidden] x [hidden, inter] matmul against the auto choice."""
+    best = auto_dtype(device)
+    if name == "auto":
+        log.info("dtype %s (%s)", best.name, best.reason)
+        return best
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {tuple(DTYPES)}, got {name!r}")
+    choice = DtypeChoice(name, "explicit")
+    is_slow_path = device == "cpu" and name in ("bfloat16", "float16") and best.name != name
+    if is_slow_path:
+        ratio = measured_slowdown(DTYPES[name], best.torch_dtype, hidden, inter)
+        message = (
+            f"dtype {name} has no native matmul on this CPU ({cpu_isa()}): a 32-row linear "
+            f"{hidden}->{inter} measured {ratio:.1f}x slower than in {best.name}; "
+            f"use dtype='auto' ({best.name}) unless you need {name}"
+        )
+        log.warning(message)
+        choice = DtypeChoice(name, "explicit; " + message)
+    else:
+        log.info("dtype %s (explicit)", name)
+    return choice
+
+
+def measured_slowdown(
+    slow: torch.dtype, fast: torch.dtype, hidden: int, inter: int, rows: int = 32
+) -> float:
+    """time(slow) / time(fast) for one linear of the model's MLP shape, best of 3 each."""
+
+    def best_time(dtype: torch.dtype) -> float:
+        x = torch.randn(rows, hidden, dtype=dtype)
+        w = torch.randn(inter, hidden, dtype=dtype)
+        F.linear(x, w)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            F.linear(x, w)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best_time(slow) / best_time(fast)
