@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
+QUANTIZATION_METHODS = ("int8", "int4")  # weight-only, torch's packed CPU kernels
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,6 +14,7 @@ class EngineConfig:
     model: str = "smollm2-135m"
     dtype: str = "auto"  # see runtime/dtype_policy.py: bfloat16 only where it is native
     device: str = "cpu"
+    quantization: str | None = None  # weight-only "int8" | "int4" (CPU); see models/quant.py
     attention_backend: str = "auto"  # torch on CPU, triton on CUDA
     kv_cache_mb: int = 512  # memory budget for the KV pool
     max_total_tokens: int | None = None  # KV slots; overrides kv_cache_mb when set
@@ -33,6 +35,16 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        if self.quantization is not None:
+            if self.quantization not in QUANTIZATION_METHODS:
+                raise ValueError(
+                    f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}"
+                )
+            if self.device != "cpu":
+                raise ValueError(
+                    f"quantization {self.quantization!r} uses torch's packed CPU kernels; "
+                    f"device {self.device!r} runs without quantization"
+                )
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be 'auto', 'torch' or 'triton', "

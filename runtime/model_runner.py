@@ -19,7 +19,9 @@ class ModelRunner:
         mc = loaded.config
         self.dtype = loaded.model.dtype
         self.device = torch.device(cfg.device)
-        if can_pack_weights(self.device, self.dtype):
+        if cfg.quantization:
+            self.model.quantize_weights(cfg.quantization)
+        elif can_pack_weights(self.device, self.dtype):
             self.model.pack_weights()
         self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)
         per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)

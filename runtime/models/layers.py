@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quant import QuantizedWeight, quantize
+
 # The row count oneDNN lays the weight out for. 32 favours decode: 1-64 rows stream 1.5-1.65x
 # faster than from a plain weight; 512-1024-row prefill chunks run ~10% slower than plain.
 PACK_BATCH_HINT = 32
@@ -58,13 +60,18 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False) if bias else None
+        self.quant: QuantizedWeight | None = None  # set by quantize(); weight is then None
 
     @property
     def is_packed(self) -> bool:
-        return self.weight.is_mkldnn
+        return self.weight is not None and self.weight.is_mkldnn
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x W^T (+ b), plus residual when given (x: [tokens, in]; residual: [tokens, out])."""
+        if self.quant is not None:
+            y = self.quant.matmul(x)
+            y = y if self.bias is None else y + self.bias
+            return y if residual is None else residual + y
         if self.is_packed:
             if residual is None:
                 return packed_linear(x, self.weight, self.bias)
@@ -77,6 +84,11 @@ class Linear(nn.Module):
         A plain bf16 weight is re-laid out inside every CPU matmul; a packed one streams as
         is, which is most of a decode step's time."""
         self.weight = nn.Parameter(pack_weight(self.weight), False)
+
+    def quantize(self, method: str) -> None:
+        """Replace the weight by a weight-only quantized copy (after loading; models/quant.py)."""
+        self.quant = quantize(self.weight, method)
+        self.weight = None
 
     def scale_inputs(self, scale: torch.Tensor) -> None:
         """W <- W diag(scale), computed in float32: x W'^T == (x * scale) W^T. Plain weights."""
@@ -109,6 +121,9 @@ class GateUpLinear(MergedLinear):
         self.up_bias: nn.Parameter | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if self.quant is not None:
+            gate, up = super().forward(x).chunk(2, dim=-1)
+            return F.silu(gate) * up
         if self.is_packed:
             gate = packed_linear(x, self.weight, self.bias, "swish")
             return packed_linear_then(x, self.up_weight, self.up_bias, "mul", gate)

@@ -26,6 +26,7 @@ from .layers import (
     pack_weight,
     packed_linear,
 )
+from .quant import QuantizedWeight, quantize
 
 
 class Attention(nn.Module):
@@ -99,6 +100,7 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)
         self._vocab_t: torch.Tensor | None = None  # lm_head weight transposed, lazily
         self._vocab_packed: torch.Tensor | None = None  # oneDNN-blocked copy (pack_weights)
+        self._vocab_quant: QuantizedWeight | None = None  # weight-only copy (quantize_weights)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
@@ -121,6 +123,8 @@ class LlamaForCausalLM(nn.Module):
         """lm_head: [rows, hidden] -> [rows, vocab]. Packed weights (pack_weights) go
         through oneDNN; otherwise, from 8 rows on, a pre-transposed copy of the weight
         multiplies faster on CPU (the weight streams row-major)."""
+        if self._vocab_quant is not None:
+            return self._vocab_quant.matmul(x)
         if self._vocab_packed is not None:
             return packed_linear(x, self._vocab_packed)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -145,6 +149,19 @@ class LlamaForCausalLM(nn.Module):
             self._vocab_packed = pack_weight(self.embed_tokens.weight)
         else:
             self._vocab_packed = self.lm_head.weight
+
+    def quantize_weights(self, method: str) -> None:
+        """Hold every linear and the vocabulary projection as weight-only `method` ("int8" |
+        "int4", models/quant.py); a tied embedding keeps its float table for lookups. After
+        load_weights; one-way. The vocabulary projection is int8 even under int4, as
+        llama.cpp's 4-bit files keep it at 8 bits: its error reaches every logit directly."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module is not self.lm_head:
+                module.quantize(method)
+        if self.lm_head is not None:
+            self.lm_head.quantize("int8")
+        vocab = self.embed_tokens.weight if self.lm_head is None else None
+        self._vocab_quant = quantize(vocab, "int8") if vocab is not None else self.lm_head.quant
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown."""
