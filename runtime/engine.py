@@ -17,7 +17,7 @@ import torch
 
 from .config import EngineConfig
 from .constrained import Constraints
-from .dtype_policy import resolve_dtype
+from .dtype_policy import plan_small_steps, resolve_dtype
 from .engine_state import EngineMetrics, Handle
 from .grammar import default_grammar_cache_dir
 from .io_struct import GenerateRequest
@@ -42,9 +42,15 @@ class Engine:
             torch.set_num_threads(cfg.num_threads)
         self.dtype = resolve_dtype(cfg.dtype, cfg.device)
         loaded = load_model(cfg.model, self.dtype.torch_dtype, cfg.device, cfg.cache_dir)
+        if cfg.quantization is None:
+            mc, params = loaded.config, loaded.model.parameters()
+            weight_bytes = sum(p.numel() * p.element_size() for p in params)
+            self.dtype = plan_small_steps(
+                self.dtype, cfg.dtype, mc.hidden_size, mc.intermediate_size, weight_bytes
+            )
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        self.runner = ModelRunner(cfg, loaded)
+        self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows)
         self.vocab_size = loaded.config.vocab_size
         sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
         self.outputs = OutputProcessor(

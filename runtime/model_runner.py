@@ -13,7 +13,9 @@ from .models.layers import can_pack_weights
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, loaded: LoadedModel):
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel, small_step_rows: int = 0):
+        """small_step_rows: give the model bfloat16 weight copies for steps of at most this
+        many rows (dtype_policy.plan_small_steps); 0 = none."""
         self.cfg = cfg
         self.model = loaded.model
         mc = loaded.config
@@ -23,6 +25,8 @@ class ModelRunner:
             self.model.quantize_weights(cfg.quantization)
         elif can_pack_weights(self.device, self.dtype):
             self.model.pack_weights()
+        elif small_step_rows:
+            self.model.add_small_step_copies(small_step_rows)
         self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)
         per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
         num_slots = cfg.max_total_tokens or (cfg.kv_cache_mb << 20) // per_slot

@@ -61,6 +61,9 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False) if bias else None
         self.quant: QuantizedWeight | None = None  # set by quantize(); weight is then None
+        # A bfloat16 copy for steps of at most small_rows rows (add_small_step_copy).
+        self.small_weight: torch.Tensor | None = None
+        self.small_rows = 0
 
     @property
     def is_packed(self) -> bool:
@@ -68,16 +71,20 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x W^T (+ b), plus residual when given (x: [tokens, in]; residual: [tokens, out])."""
-        if self.quant is not None:
-            y = self.quant.matmul(x)
-            y = y if self.bias is None else y + self.bias
-            return y if residual is None else residual + y
         if self.is_packed:
             if residual is None:
                 return packed_linear(x, self.weight, self.bias)
             return packed_linear_then(x, self.weight, self.bias, "add", residual)
-        y = F.linear(x, self.weight, self.bias)
+        if self.quant is None and x.shape[0] > self.small_rows:
+            y = F.linear(x, self.weight, self.bias)  # the plain path: HF's exact operations
+        else:
+            y = self.quant.matmul(x) if self.quant is not None else self.small_matmul(x)
+            y = y if self.bias is None else y + self.bias
         return y if residual is None else residual + y
+
+    def small_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T through the bfloat16 copy, in x's dtype (see add_small_step_copy)."""
+        return F.linear(x.to(torch.bfloat16), self.small_weight).to(x.dtype)
 
     def pack(self) -> None:
         """Replace the weight by its oneDNN-blocked form (after loading; see can_pack_weights).
@@ -89,6 +96,13 @@ class Linear(nn.Module):
         """Replace the weight by a weight-only quantized copy (after loading; models/quant.py)."""
         self.quant = quantize(self.weight, method)
         self.weight = None
+
+    def add_small_step_copy(self, max_rows: int) -> None:
+        """Keep a bfloat16 copy of the weight for steps of at most max_rows rows, on CPUs whose
+        bfloat16 matmul is not native: there torch's bfloat16 matrix-vector kernel streams
+        half float32's bytes and wins at few rows, while more rows take the float32 GEMM."""
+        self.small_weight = self.weight.detach().to(torch.bfloat16)
+        self.small_rows = max_rows
 
     def scale_inputs(self, scale: torch.Tensor) -> None:
         """W <- W diag(scale), computed in float32: x W'^T == (x * scale) W^T. Plain weights."""
@@ -121,7 +135,7 @@ class GateUpLinear(MergedLinear):
         self.up_bias: nn.Parameter | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.quant is not None:
+        if self.quant is not None or self.small_weight is not None:
             gate, up = super().forward(x).chunk(2, dim=-1)
             return F.silu(gate) * up
         if self.is_packed:

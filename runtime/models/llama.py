@@ -101,6 +101,8 @@ class LlamaForCausalLM(nn.Module):
         self._vocab_t: torch.Tensor | None = None  # lm_head weight transposed, lazily
         self._vocab_packed: torch.Tensor | None = None  # oneDNN-blocked copy (pack_weights)
         self._vocab_quant: QuantizedWeight | None = None  # weight-only copy (quantize_weights)
+        self._vocab_small: torch.Tensor | None = None  # bf16 copy (add_small_step_copies)
+        self._small_rows = 0
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
@@ -125,6 +127,8 @@ class LlamaForCausalLM(nn.Module):
         multiplies faster on CPU (the weight streams row-major)."""
         if self._vocab_quant is not None:
             return self._vocab_quant.matmul(x)
+        if self._vocab_small is not None and x.shape[0] <= self._small_rows:
+            return F.linear(x.to(torch.bfloat16), self._vocab_small).to(x.dtype)
         if self._vocab_packed is not None:
             return packed_linear(x, self._vocab_packed)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -149,6 +153,19 @@ class LlamaForCausalLM(nn.Module):
             self._vocab_packed = pack_weight(self.embed_tokens.weight)
         else:
             self._vocab_packed = self.lm_head.weight
+
+    def add_small_step_copies(self, max_rows: int) -> None:
+        """Give every linear and the vocabulary projection a bfloat16 copy used by steps of at
+        most max_rows rows (layers.Linear.add_small_step_copy): float32 models on CPUs
+        without native bfloat16, where those steps are bound by streaming weights."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.add_small_step_copy(max_rows)
+        if self.lm_head is None:
+            self._vocab_small = self.embed_tokens.weight.detach().to(torch.bfloat16)
+        else:
+            self._vocab_small = self.lm_head.small_weight
+        self._small_rows = max_rows
 
     def quantize_weights(self, method: str) -> None:
         """Hold every linear and the vocabulary projection as weight-only `method` ("int8" |

@@ -50,5 +50,47 @@ def test_engine_reports_its_resolved_dtype(tiny_llama_dir):
     with Engine(str(tiny_llama_dir), max_total_tokens=256) as engine:
         info = engine.get_model_info()
         assert info["dtype"] == auto_dtype("cpu").name
-        assert info["dtype_reason"] == auto_dtype("cpu").reason
+        assert info["dtype_reason"].startswith(auto_dtype("cpu").reason)
         assert engine.runner.kv_pool.k[0].dtype == auto_dtype("cpu").torch_dtype
+
+
+def test_small_step_copies_serve_only_steps_of_few_rows(tiny_llama_dir):
+    """A float32 model with bfloat16 copies for steps of <= 2 rows: such steps compute close
+    to float32 (bfloat16 rounding of weights and inputs); larger steps are float32 exactly."""
+    from stemma.runtime.loader import load_model
+
+    plain = load_model(str(tiny_llama_dir), torch.float32).model
+    copied = load_model(str(tiny_llama_dir), torch.float32).model
+    copied.add_small_step_copies(2)
+    down = copied.layers[0].mlp.down_proj
+    assert down.small_weight.dtype == torch.bfloat16 and down.weight.dtype == torch.float32
+    for rows in (1, 2, 3, 16):
+        x = torch.randn(rows, down.weight.shape[1])
+        ref = plain.layers[0].mlp.down_proj(x)
+        got = down(x)
+        if rows <= 2:
+            assert not torch.equal(got, ref)
+            torch.testing.assert_close(got, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
+        else:
+            assert torch.equal(got, ref)
+        h = torch.randn(rows, copied.cfg.hidden_size)
+        logits, ref_logits = copied.project_vocab(h), plain.project_vocab(h)
+        assert logits.dtype == torch.float32
+        torch.testing.assert_close(logits, ref_logits, atol=0.05 * ref_logits.abs().max(), rtol=0)
+
+
+def test_small_steps_are_planned_only_for_auto_float32_without_native_bf16():
+    from stemma.runtime.dtype_policy import DtypeChoice, plan_small_steps
+
+    f32 = DtypeChoice("float32", "explicit")
+    assert plan_small_steps(f32, "float32", 64, 96, 1 << 20) == f32  # explicit: untouched
+    f64 = DtypeChoice("float64", "explicit")
+    assert plan_small_steps(f64, "auto", 64, 96, 1 << 20) == f64
+    huge = plan_small_steps(auto_dtype("cpu"), "auto", 64, 96, 1 << 50)
+    assert huge.small_step_rows == 0  # the copy would not fit in memory
+    planned = plan_small_steps(auto_dtype("cpu"), "auto", 64, 96, 1 << 20)
+    if cpu_has_native_bf16():
+        assert planned.small_step_rows == 0
+    else:
+        assert planned.small_step_rows in (0, 1, 2, 4, 8)
+        assert ("bfloat16 weight copy" in planned.reason) == (planned.small_step_rows > 0)
