@@ -16,20 +16,20 @@ from typing import Any
 import torch
 
 from .config import EngineConfig
-from .constrained import Constraints
+from .constrained.constraints import Constraints
+from .constrained.grammar import default_grammar_cache_dir
+from .constrained.vocabulary import CompileLimits
 from .dtype_policy import resolve_dtype
 from .engine_state import EngineMetrics, Handle
-from .grammar import default_grammar_cache_dir
+from .executor.model_runner import ModelRunner
 from .io_struct import GenerateRequest
-from .loader import load_model
-from .model_runner import ModelRunner
-from .output_processor import OutputProcessor
-from .req import FinishReason, Req
+from .models.loader import load_model
 from .response import ResponseBuilder, StreamText, final_text
-from .sampler import Sampler, SamplingState
-from .scheduler import Scheduler
+from .sampling.sampler import Sampler, SamplingState
+from .scheduler.output_processor import OutputProcessor
+from .scheduler.req import FinishReason, Req
+from .scheduler.scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer
-from .vocabulary import CompileLimits
 
 log = logging.getLogger("stemma.engine")
 Event = tuple[int, dict[str, Any], bool]  # (item index, output dict, is_final)

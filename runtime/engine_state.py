@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .req import Req
 from .response import StreamText
+from .scheduler.req import Req
 
 LATENCY_WINDOW = 10_000  # recent per-request latencies kept for percentiles
 

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttentionBackend
-from ..forward_batch import ForwardBatch
-from ..memory import KVPool
-from ..model_config import ModelConfig
+from ..executor.attention import AttentionBackend
+from ..executor.forward_batch import ForwardBatch
+from ..executor.memory import KVPool
+from .config import ModelConfig
 from .layers import (
     Embedding,
     GateUpLinear,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from outlines_core.json_schema import build_regex_from_schema
 from pydantic import BaseModel
-from stemma.runtime.constraint_spec import (
+from stemma.runtime.constrained.spec import (
     ConstraintSpec,
     constraint_regex,
     escape_regex,

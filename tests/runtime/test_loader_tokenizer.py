@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from stemma.runtime.loader import load_model, resolve_checkpoint
+from stemma.runtime.models.loader import load_model, resolve_checkpoint
 from stemma.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling_params import SamplingParams
+from .params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -261,7 +261,7 @@ def _apply_bitmask(x: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set disallowed tokens to -inf; an all -1 row allows everything, so stays untouched."""
     bitmask = bitmask.to(x.device, non_blocking=True)
     if x.is_cuda and x.dtype != torch.float64:  # the Triton kernel; float64 takes the torch path
-        from ..kernels.token_bitmask import apply_token_bitmask
+        from ...kernels.token_bitmask import apply_token_bitmask
 
         apply_token_bitmask(x, bitmask.contiguous())
         return

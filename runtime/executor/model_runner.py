@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from ..config import EngineConfig
+from ..models.layers import can_pack_weights
+from ..models.loader import LoadedModel
 from .attention import make_attention_backend
-from .config import EngineConfig
 from .forward_batch import ForwardBatch
-from .loader import LoadedModel
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
-from .models.layers import can_pack_weights
 
 
 class ModelRunner:

@@ -18,9 +18,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from .http_errors import ERROR_RESPONSES, APIError, abort_status, error_dict
-from .http_native import AbortIn, GenerateIn, TokenizeIn, native_request
-from .http_state import SSE_DONE, ServerState, sse, sse_response, until_disconnected
+from .errors import ERROR_RESPONSES, APIError, abort_status, error_dict
+from .native import AbortIn, GenerateIn, TokenizeIn, native_request
+from .state import SSE_DONE, ServerState, sse, sse_response, until_disconnected
 
 router = APIRouter(responses=ERROR_RESPONSES)
 HEALTH_TIMEOUT_S = 20.0

@@ -5,7 +5,7 @@ Also defers a request whose uncached prefix another request admitted this round 
 
 from __future__ import annotations
 
-from ..radix import RadixTree
+from ...radix import RadixTree
 from .req import Req
 
 MAX_RANKED_QUEUE = 256  # beyond this many waiting requests, ranking costs more than it saves

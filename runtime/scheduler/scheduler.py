@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..radix import RadixTree
-from .config import EngineConfig
-from .model_runner import ModelRunner
+from ...radix import RadixTree
+from ..config import EngineConfig
+from ..executor.model_runner import ModelRunner
 from .output_processor import OutputProcessor
+from .policy import RoundDedup, SchedulePolicy
 from .req import FinishReason, Req
-from .schedule_policy import RoundDedup, SchedulePolicy
 
 NEW_TOKEN_RATIO = 0.3  # share of each running request's remaining budget kept in reserve
 

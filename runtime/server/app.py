@@ -22,14 +22,14 @@ from typing import Any, get_type_hints
 import uvicorn
 from fastapi import FastAPI
 
-from .config import EngineConfig
-from .engine import Engine
-from .http_errors import install_error_handlers
-from .http_metrics import ServerMetrics
-from .http_middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestCounter
-from .http_routes import router as native_router
-from .http_state import ServerState
-from .openai_api import router as openai_router
+from ..config import EngineConfig
+from ..engine import Engine
+from .errors import install_error_handlers
+from .metrics import ServerMetrics
+from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestCounter
+from .openai.routes import router as openai_router
+from .routes import router as native_router
+from .state import ServerState
 
 log = logging.getLogger("stemma.server")
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024

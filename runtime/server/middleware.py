@@ -9,8 +9,8 @@ import logging
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .http_errors import error_response
-from .http_metrics import ServerMetrics
+from .errors import error_response
+from .metrics import ServerMetrics
 
 log = logging.getLogger("stemma.server")
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key

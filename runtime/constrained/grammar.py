@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .constraint_spec import ConstraintSpec, resolve
 from .jump_forward import jump_forward
+from .spec import ConstraintSpec, resolve
 from .vocabulary import CompileError, CompileLimits, IndexCompiler, Vocabulary
 
 if TYPE_CHECKING:
     import torch
 
-    from .tokenizer import Tokenizer
+    from ..tokenizer import Tokenizer
 
 __all__ = [
     "CompileError",

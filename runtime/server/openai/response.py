@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .http_errors import APIError, abort_status
+from ..errors import APIError, abort_status
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 

@@ -3,7 +3,7 @@
 Per request it plans which logit rows the step needs (the last verified token's position and
 each draft token's, when tokens are to be sampled; every prompt position from
 logprob_start_len on when prompt logprobs were asked for), samples all requests at once in
-rounds (runtime/draft.py), then checks stop conditions.
+rounds (runtime/scheduler/draft.py), then checks stop conditions.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..constrained.grammar import fill_bitmask
+from ..executor.forward_batch import ForwardBatch
+from ..executor.model_runner import ModelRunner
+from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
+from ..tokenizer import Tokenizer
 from .draft import accept_into_grammar, drop_draft, make_draft
-from .forward_batch import ForwardBatch
-from .grammar import fill_bitmask
-from .model_runner import ModelRunner
 from .req import FinishReason, Req
-from .sampler import AllMaskedError, Sampler, picks_plain_max
-from .tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

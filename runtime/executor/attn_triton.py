@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.decode_attn import decode_attention
-from ..kernels.extend_attn import extend_attention
+from ...kernels.decode_attn import decode_attention
+from ...kernels.extend_attn import extend_attention
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory import KVPool
 

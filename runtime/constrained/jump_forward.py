@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
     from .grammar import CompiledGrammar, Matcher
-    from .tokenizer import Tokenizer
 
 MAX_FORCED_BYTES = 1024
 
@@ -82,7 +82,7 @@ def jump_forward(
     model-chosen `{` followed by a forced `"`) stays split, exactly as the model produced it.
 
     stop_before_merge=False skips step 2 (limit = len(F)): for a draft the model verifies
-    token by token (runtime/draft.py), where a boundary token the model would not pick is
+    token by token (runtime/scheduler/draft.py), where a boundary token the model would not pick is
     simply rejected, and one it would pick is a forward pass saved.
     """
     if matcher.is_terminated:

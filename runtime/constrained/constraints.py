@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .constraint_spec import ConstraintSpec, resolve
+from ..sampling.params import SamplingParams
+from ..tokenizer import Tokenizer
 from .grammar import GrammarHandle, GrammarService
-from .sampling_params import SamplingParams
-from .tokenizer import Tokenizer
+from .spec import ConstraintSpec, resolve
 from .vocabulary import CompileLimits
 
 

@@ -2,7 +2,7 @@
 `chat.completion.chunk` / `text_completion` deltas.
 
 Each choice sends only what it has not sent. A choice that may still turn out to be a tool call
-holds its text back (see openai_tools) and sends it, or the call, when it finishes. The last
+holds its text back (see openai/tools.py) and sends it, or the call, when it finishes. The last
 event of a choice carries its finish_reason; with stream_options.include_usage a final event
 with no choices carries the usage; a failed request sends one error event; `[DONE]` ends all.
 """
@@ -15,10 +15,10 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .http_errors import abort_status, error_dict
-from .http_state import SSE_DONE, ServerState, sse
-from .openai_response import chat_logprobs, completion_logprobs, finish_reason, usage
-from .openai_tools import ToolPlan, could_become_tool_call, parse_tool_calls
+from ..errors import abort_status, error_dict
+from ..state import SSE_DONE, ServerState, sse
+from .response import chat_logprobs, completion_logprobs, finish_reason, usage
+from .tools import ToolPlan, could_become_tool_call, parse_tool_calls
 
 
 @dataclass(slots=True)

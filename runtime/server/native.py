@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .constraint_spec import constraint_regex
-from .http_errors import APIError
-from .http_state import ServerState
+from ..constrained.spec import constraint_regex
+from .errors import APIError
+from .state import ServerState
 
 STRICT = ConfigDict(extra="forbid", strict=True)
 

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from .tokenizer import Tokenizer
+from ..tokenizer import Tokenizer
 
 
 def gpt2_bytes_to_unicode() -> dict[int, str]:
@@ -197,7 +197,8 @@ class IndexCompiler:
     def _started(self) -> subprocess.Popen[bytes]:
         if self._proc is None:
             self._stderr = tempfile.TemporaryFile()
-            code = "from stemma.runtime.vocabulary import serve_compiles; serve_compiles()"
+            # This module's own dotted name, so a move cannot leave the child importing a ghost.
+            code = f"from {__name__} import serve_compiles; serve_compiles()"
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", code],
                 stdin=subprocess.PIPE,

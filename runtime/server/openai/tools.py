@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .openai_protocol import ChatCompletionRequest, NamedToolChoice, Tool
+from .protocol import ChatCompletionRequest, NamedToolChoice, Tool
 
 _WRAPPER = re.compile(r"^<tool_call>(.*)</tool_call>$|^```(?:json)?(.*)```$", re.DOTALL)
 _EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}

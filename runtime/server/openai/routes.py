@@ -3,7 +3,7 @@
 Each request is parsed by its pydantic model, turned into one engine batch right here (prompts
 tokenized, every (prompt, sample) pair an item, so `n` > 1 with a `seed` gives seed, seed+1, ...)
 and answered from the engine's outputs, as one JSON body or as server-sent events. Chat
-prompts and constraints are built in openai_chat; tool calls follow openai_tools.
+prompts and constraints are built in openai/chat.py; tool calls follow openai/tools.py.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from .http_errors import ERROR_RESPONSES, APIError
-from .http_routes import get_state
-from .http_state import ServerState, sse_response, until_disconnected
-from .openai_chat import chat_grammar, chat_max_tokens, chat_prompt, grammar_extras
-from .openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .openai_response import chat_choice, completion_choice, raise_if_aborted, usage
-from .openai_stream import (
+from ..errors import ERROR_RESPONSES, APIError
+from ..routes import get_state
+from ..state import ServerState, sse_response, until_disconnected
+from .chat import chat_grammar, chat_max_tokens, chat_prompt, grammar_extras
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .response import chat_choice, completion_choice, raise_if_aborted, usage
+from .stream import (
     ChatChoiceStream,
     CompletionChoiceStream,
     StreamSpec,
     openai_events,
 )
-from .openai_tools import parse_tool_calls, plan_tools
+from .tools import parse_tool_calls, plan_tools
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from .engine import Engine
-from .http_errors import APIError
-from .http_metrics import ServerMetrics
+from ..engine import Engine
+from .errors import APIError
+from .metrics import ServerMetrics
 
 log = logging.getLogger("stemma.server")
 T = TypeVar("T")

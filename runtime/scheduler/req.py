@@ -3,7 +3,7 @@
 Slot ownership: slots[:num_tree_slots] belong to the radix tree (locked through last_node);
 slots[num_tree_slots:] are the request's private slots (allocated in whole pages). Tokens
 fill_ids[:kv_len] have their K/V written; the rest are still to compute. fill_ids ends with
-the unverified draft (runtime/draft.py), which output_ids never contains.
+the unverified draft (runtime/scheduler/draft.py), which output_ids never contains.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sampler import SamplingState
-from .sampling_params import SamplingParams
+from ..sampling.params import SamplingParams
+from ..sampling.sampler import SamplingState
 
 
 @dataclass(slots=True)
