@@ -17,7 +17,7 @@ import torch
 
 from .config import EngineConfig
 from .constrained.constraints import Constraints
-from .constrained.grammar import default_grammar_cache_dir
+from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .dtype_policy import resolve_dtype
 from .engine_state import EngineMetrics, Handle

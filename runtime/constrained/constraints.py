@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer
-from .grammar import GrammarHandle, GrammarService
+from .service import GrammarHandle, GrammarService
 from .spec import ConstraintSpec, resolve
 from .vocabulary import CompileLimits
 

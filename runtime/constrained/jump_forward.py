@@ -9,13 +9,31 @@ token that touches free text (see `jump_forward` for the exact rule).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
-    from .grammar import CompiledGrammar, Matcher
 
 MAX_FORCED_BYTES = 1024
+
+
+# What the jump reads of matcher.py's classes, spelled out so this module imports nothing back.
+class CompiledGrammar(Protocol):
+    index: Any
+    vocab: Any
+    jump_cache: dict[int, tuple[int | None, int]]
+
+    def is_final(self, state: int) -> bool: ...
+    def allowed_ids(self, state: int) -> list[int]: ...
+
+
+class Matcher(Protocol):
+    grammar: CompiledGrammar
+    state: int
+    is_terminated: bool
+
+    def allows(self, token_id: int) -> bool: ...
+    def accept_token(self, token_id: int) -> None: ...
 
 
 def state_info(grammar: CompiledGrammar, state: int) -> tuple[int | None, int]:

@@ -4,7 +4,7 @@ the IndexCompiler that builds outlines-core indexes over it in a sandboxed child
 Built from a byte-level BPE tokenizer (the GPT-2 byte-to-unicode map inverted). EOS and every
 special, control or added token are left out, so no regex can ever select them; EOS is added to
 masks only in final states. Tokens containing a NUL byte are left out too: NUL is the end marker
-grammar.py appends to every pattern, under the extra id `end_marker_id` (= vocab_size).
+matcher.py appends to every pattern, under the extra id `end_marker_id` (= vocab_size).
 `fingerprint` is a content hash that keys every grammar cache.
 """
 

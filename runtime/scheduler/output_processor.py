@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..constrained.grammar import fill_bitmask
+from ..constrained.matcher import fill_bitmask
 from ..executor.forward_batch import ForwardBatch
 from ..executor.model_runner import ModelRunner
 from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max

@@ -177,7 +177,7 @@ def smollm_vocab(smollm_tokenizer: Any) -> Any:
 
 @pytest.fixture(scope="session")
 def grammar_service(smollm_vocab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from stemma.runtime.constrained.grammar import GrammarService
+    from stemma.runtime.constrained.service import GrammarService
 
     with GrammarService(smollm_vocab, cache_dir=tmp_path_factory.mktemp("grammar-cache")) as svc:
         yield svc

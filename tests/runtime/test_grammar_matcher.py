@@ -11,7 +11,7 @@ import pytest
 import torch
 from outlines_core import Index
 from stemma.kernels.token_bitmask import apply_token_bitmask_ref
-from stemma.runtime.constrained.grammar import Matcher, fill_bitmask
+from stemma.runtime.constrained.matcher import Matcher, fill_bitmask
 from stemma.runtime.constrained.spec import ConstraintSpec
 
 

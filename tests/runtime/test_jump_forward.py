@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from stemma.runtime.constrained.grammar import Matcher
 from stemma.runtime.constrained.jump_forward import forced_path, utf8_prefix
+from stemma.runtime.constrained.matcher import Matcher
 from stemma.runtime.constrained.spec import ConstraintSpec
 
 TOOL_CALL = {
