@@ -8,12 +8,17 @@ seeded sampling: the same draws), while accepted drafts cost no forward passes o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .req import FinishReason, Req
 
-MAX_DRAFT_TOKENS = 64  # matches the Matcher's rollback window
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+MAX_DRAFT_TOKENS = 64  # well inside the Matcher's rollback window (MAX_ROLLBACK = 1024)
 
 
-def make_draft(req: Req, tokenizer) -> None:
+def make_draft(req: Req, tokenizer: Tokenizer) -> None:
     """After a token is verified: the ids the constraint forces next, kept pending (not in
     output_ids, the matcher not advanced) until the model confirms them. The draft runs to
     the end of the forced text, boundary token included: verification, not the draft,

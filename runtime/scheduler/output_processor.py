@@ -18,6 +18,7 @@ from ..executor.forward_batch import ForwardBatch
 from ..executor.model_runner import ModelRunner
 from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
 from ..tokenizer import Tokenizer
+from .batch import ScheduledBatch
 from .draft import accept_into_grammar, drop_draft, make_draft
 from .req import FinishReason, Req
 
@@ -40,7 +41,9 @@ class OutputProcessor:
         self.jump_forward = jump_forward
 
     # ---- before the forward ---------------------------------------------------------------
-    def build_forward(self, runner: ModelRunner, batch) -> tuple[ForwardBatch, list[RowPlan]]:
+    def build_forward(
+        self, runner: ModelRunner, batch: ScheduledBatch
+    ) -> tuple[ForwardBatch, list[RowPlan]]:
         rows, prefix_lens, input_ids, out_loc, logit_rows, plans = [], [], [], [], [], []
         num_rows = 0
         for req, n in zip(batch.reqs, batch.num_new):
@@ -73,7 +76,9 @@ class OutputProcessor:
         return RowPlan(first_row, positions, num_sample)
 
     # ---- after the forward ----------------------------------------------------------------
-    def process(self, batch, plans: list[RowPlan], logits: torch.Tensor) -> list[Req]:
+    def process(
+        self, batch: ScheduledBatch, plans: list[RowPlan], logits: torch.Tensor
+    ) -> list[Req]:
         """Advance every request in the batch; returns those that finished. logits: the
         model's, in its dtype (bfloat16 ones are widened unless only argmaxes are read)."""
         logits = self.widen(batch.reqs, plans, logits)

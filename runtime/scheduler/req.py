@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..sampling.params import SamplingParams
 from ..sampling.sampler import SamplingState
 
+if TYPE_CHECKING:
+    from ...radix import RadixNode
+    from ..constrained.matcher import Matcher
+    from ..constrained.service import GrammarHandle
+
+FinishKind = Literal["stop", "length", "abort"]
+
 
 @dataclass(slots=True)
 class FinishReason:
-    kind: str  # "stop" | "length" | "abort"
+    kind: FinishKind
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
@@ -53,12 +60,12 @@ class Req:
     row: int | None = None  # req_to_token row while running
     slots: list[int] = field(default_factory=list)
     num_tree_slots: int = 0
-    last_node: Any = None  # locked radix node covering slots[:num_tree_slots]
+    last_node: RadixNode | None = None  # locked radix node covering slots[:num_tree_slots]
     kv_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache (largest over admissions)
     finish: FinishReason | None = None
-    grammar_handle: Any = None  # a compiling constraint (GrammarHandle); admitted when ready
-    grammar: Any = None  # its Matcher, once compiled
+    grammar_handle: GrammarHandle | None = None  # a compiling constraint; admitted when ready
+    grammar: Matcher | None = None  # its matcher, once compiled
     draft: list[int] = field(default_factory=list)  # forced by the constraint, not yet verified
     num_forced_tokens: int = 0  # verified draft tokens (they needed no forward of their own)
 

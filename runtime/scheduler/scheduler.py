@@ -8,27 +8,15 @@ free + tree.evictable + tree.locked + private slots of running requests == capac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ...radix import RadixTree
 from ..config import EngineConfig
 from ..executor.model_runner import ModelRunner
+from .batch import ScheduledBatch
 from .output_processor import OutputProcessor
 from .policy import RoundDedup, SchedulePolicy
 from .req import FinishReason, Req
 
 NEW_TOKEN_RATIO = 0.3  # share of each running request's remaining budget kept in reserve
-
-
-@dataclass(slots=True)
-class ScheduledBatch:
-    reqs: list[Req]
-    num_new: list[int]  # tokens computed per request this step
-    is_prefill: list[bool]  # computing prompt tokens (not a one-token decode)
-
-    def describe(self) -> dict[str, int]:
-        """{rid: num_tokens}, the step as tests and logs see it."""
-        return {r.rid: n for r, n in zip(self.reqs, self.num_new)}
 
 
 class Scheduler:
