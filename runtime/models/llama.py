@@ -7,14 +7,12 @@ Parameter names follow HF checkpoints except the merged q|k|v and gate|up projec
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..executor.attention import AttentionBackend
-from ..executor.forward_batch import ForwardBatch
-from ..executor.memory import KVPool
 from .config import ModelConfig
 from .layers import (
     Embedding,
@@ -26,6 +24,11 @@ from .layers import (
     pack_weight,
     packed_linear,
 )
+
+if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
+    from ..executor.attention import AttentionBackend
+    from ..executor.forward_batch import ForwardBatch
+    from ..executor.memory import KVPool
 
 
 class Attention(nn.Module):
