@@ -264,7 +264,7 @@ class Scheduler:
             self.alloc.free(self.tree.reset())
 
     def check_memory(self) -> None:
-        """The DESIGN.md slot invariant; raises AssertionError with the numbers."""
+        """The slot invariant of docs/ARCHITECTURE.md ("KV memory"); raises AssertionError."""
         tree = self.tree
         evictable = tree.evictable_size if tree else 0
         locked = tree.locked_size if tree else 0
