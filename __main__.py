@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "generate":
         return _generate(rest)
     if command == "serve":
-        from .runtime.http_server import main as serve
+        from .runtime.server.app import main as serve
 
         return serve(rest)
     print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)

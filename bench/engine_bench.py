@@ -24,7 +24,7 @@ import torch
 
 from ..runtime.dtype_policy import DTYPES
 from ..runtime.engine import Engine
-from ..runtime.loader import resolve_checkpoint
+from ..runtime.models.loader import resolve_checkpoint
 from .common import (
     append_results,
     interleaved_medians,

@@ -27,18 +27,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from stemma.runtime.constraint_spec import ConstraintSpec
-from stemma.runtime.grammar import GrammarService, Matcher, fill_bitmask
-from stemma.runtime.loader import resolve_checkpoint
+from stemma.runtime.constrained.matcher import Matcher, fill_bitmask
+from stemma.runtime.constrained.service import GrammarService
+from stemma.runtime.constrained.spec import ConstraintSpec
+from stemma.runtime.constrained.vocabulary import Vocabulary
+from stemma.runtime.models.loader import resolve_checkpoint
 from stemma.runtime.tokenizer import Tokenizer
-from stemma.runtime.vocabulary import Vocabulary
 
 RESULTS = Path(__file__).parent / "results" / "grammar.jsonl"
 MEASURED_FILES = [  # a results line is "-dirty" when one of these differs from the commit
-    "runtime/grammar.py",
-    "runtime/vocabulary.py",
-    "runtime/jump_forward.py",
-    "runtime/constraint_spec.py",
+    "runtime/constrained/",
     "bench/grammar_bench.py",
 ]
 TOOL_CALL = {

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from stemma.runtime.forward_batch import ForwardBatch
-    from stemma.runtime.memory import KVPool
+    from stemma.runtime.executor.forward_batch import ForwardBatch
+    from stemma.runtime.executor.memory import KVPool
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 RESULTS = Path(__file__).resolve().parent / "results" / "kernels.jsonl"
@@ -66,8 +66,8 @@ def build_decode_step(
     w: DecodeWorkload, device: torch.device
 ) -> tuple[ForwardBatch, KVPool, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pool holding every request's context in shuffled pages, and its decode ForwardBatch."""
-    from stemma.runtime.forward_batch import ForwardBatch
-    from stemma.runtime.memory import KVPool
+    from stemma.runtime.executor.forward_batch import ForwardBatch
+    from stemma.runtime.executor.memory import KVPool
 
     gen = torch.Generator().manual_seed(0)
     pages_per_req = -(-w.context_len // w.page_size)
@@ -96,7 +96,7 @@ def build_decode_step(
 
 def bench_decode(w: DecodeWorkload, device: torch.device, with_torch: bool) -> dict[str, float]:
     from stemma.kernels.decode_attn import decode_attention
-    from stemma.runtime.attention import TorchAttnBackend
+    from stemma.runtime.executor.attention import TorchAttnBackend
 
     fb, pool, q, k, v = build_decode_step(w, device)
     sm_scale = w.head_dim**-0.5

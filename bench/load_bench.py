@@ -21,7 +21,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 import torch
 from pathlib import Path
-from stemma.runtime.loader import load_model
+from stemma.runtime.models.loader import load_model
 t1 = time.perf_counter()
 load_model(sys.argv[1], getattr(torch, sys.argv[2]), cache_dir=Path(sys.argv[3]))
 t2 = time.perf_counter()

@@ -2,12 +2,14 @@
 
 `choices` become an alternation of escaped strings; `dtype` a regex per Python type plus a parser
 that turns the matched text back into that type; `json_schema` (a dict, a JSON string or a pydantic
-model class) a JSON string. Regexes use the syntax common to Python `re` and Rust `regex`.
+model class) a JSON string. Regexes use the syntax common to Python `re` and Rust `regex`. This is
+the one source of these constants: the runtime's constraint specs import them from here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,14 +26,6 @@ DTYPE_REGEX: dict[type, str] = {
     str: REGEX_STR,
 }
 
-# Characters with a meaning outside a character class, in both Python `re` and Rust `regex`.
-_REGEX_META = frozenset("\\.^$*+?{}[]|()")
-
-
-def escape_regex(text: str) -> str:
-    """`text` as a regex that matches exactly it (only metacharacters are escaped)."""
-    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
-
 
 def choices_regex(choices: Sequence[str]) -> str:
     """A regex matching exactly one of `choices`."""
@@ -42,7 +36,8 @@ def choices_regex(choices: Sequence[str]) -> str:
     for choice in choices:
         if not isinstance(choice, str):
             raise TypeError(f"every choice must be a str, got {choice!r}")
-    return "(" + "|".join(escape_regex(c) for c in choices) + ")"
+    # re.escape only escapes ASCII punctuation and whitespace, which Rust's regex accepts too.
+    return "(" + "|".join(re.escape(c) for c in choices) + ")"
 
 
 def dtype_regex(dtype: Any) -> str:
@@ -72,22 +67,20 @@ def parse_value(text: str, dtype: type | None) -> Any:
 
 
 def schema_to_json(schema: Any) -> str:
-    """A JSON schema given as a dict, a JSON string or a pydantic model class, as a JSON string."""
+    """A JSON schema given as a dict, a JSON string or a pydantic model class, as JSON text."""
     if isinstance(schema, str):
         try:
             parsed = json.loads(schema)
         except json.JSONDecodeError as err:
-            raise ValueError(f"json_schema string is not valid JSON: {err}") from err
+            raise ValueError(f"json_schema is not valid JSON: {err}") from err
         if not isinstance(parsed, dict):
-            raise ValueError(f"json_schema must be a JSON object, got {schema!r}")
+            raise ValueError(f"json_schema must be a JSON object, got {schema[:80]!r}")
         return schema
     if isinstance(schema, dict):
-        return json.dumps(schema)
+        return json.dumps(schema, ensure_ascii=False)
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return json.dumps(schema.model_json_schema())
-    raise TypeError(
-        f"json_schema must be a dict, a JSON string or a pydantic model class, got {schema!r}"
-    )
+        return json.dumps(schema.model_json_schema(), ensure_ascii=False)
+    raise TypeError(f"json_schema must be a dict, JSON string or pydantic model, got {schema!r}")
 
 
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:

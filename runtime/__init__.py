@@ -1,1 +1,2 @@
-"""The serving runtime: engine, scheduler, memory pools, model, loader, sampler, grammar."""
+"""The serving runtime. Layers from the top: server/ -> the engine (engine.py) -> scheduler/ ->
+executor/ -> models/, with sampling/ and constrained/ beside them; docs/ARCHITECTURE.md."""

@@ -16,23 +16,23 @@ from typing import Any
 import torch
 
 from .config import EngineConfig
-from .constrained import Constraints
+from .constrained.constraints import Constraints
+from .constrained.service import default_grammar_cache_dir
+from .constrained.vocabulary import CompileLimits
 from .dtype_policy import plan_small_steps, resolve_dtype
 from .engine_state import EngineMetrics, Handle
-from .grammar import default_grammar_cache_dir
+from .executor.model_runner import ModelRunner
+from .inbox import AbortRequest, AddRequests, CallOnEngine, Command, Event, Stop
 from .io_struct import GenerateRequest
-from .loader import load_model
-from .model_runner import ModelRunner
-from .output_processor import OutputProcessor
-from .req import FinishReason, Req
+from .models.loader import load_model
 from .response import ResponseBuilder, StreamText, final_text
-from .sampler import Sampler, SamplingState
-from .scheduler import Scheduler
+from .sampling.sampler import Sampler, SamplingState
+from .scheduler.output_processor import OutputProcessor
+from .scheduler.req import FinishReason, Req
+from .scheduler.scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer
-from .vocabulary import CompileLimits
 
 log = logging.getLogger("stemma.engine")
-Event = tuple[int, dict[str, Any], bool]  # (item index, output dict, is_final)
 
 
 class Engine:
@@ -67,7 +67,7 @@ class Engine:
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
         self.check_invariants = False  # tests turn this on: check_memory() after every step
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._handles: dict[str, Handle] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="stemma-engine", daemon=True)
@@ -104,7 +104,7 @@ class Engine:
             yield chunk
 
     def abort(self, rid: str, message: str = "aborted by the caller") -> None:
-        self._inbox.put(("abort", rid, message))
+        self._inbox.put(AbortRequest(rid, message))
 
     def flush_cache(self) -> None:
         """Empty the radix cache; raises RuntimeError while requests run."""
@@ -136,7 +136,7 @@ class Engine:
     def shutdown(self) -> None:
         """Abort what is still running and stop the engine thread."""
         if self._thread.is_alive():
-            self._inbox.put(("stop",))
+            self._inbox.put(Stop())
             self._thread.join()
         self.constraints.close()
 
@@ -181,7 +181,7 @@ class Engine:
         return req
 
     def _submit(self, request: GenerateRequest, reqs: list[Req], sink: Callable) -> None:
-        self._inbox.put(("add", request, reqs, sink))
+        self._inbox.put(AddRequests(request, reqs, sink))
 
     def _collect(self, request: GenerateRequest, events: Iterator[Event]):
         results: list[Any] = [None] * len(request.items)
@@ -232,7 +232,7 @@ class Engine:
         if threading.current_thread() is self._thread:
             return fn()
         done: queue.SimpleQueue = queue.SimpleQueue()
-        self._inbox.put(("call", fn, done.put))
+        self._inbox.put(CallOnEngine(fn, done.put))
         ok, value = done.get()
         if not ok:
             raise value
@@ -265,9 +265,9 @@ class Engine:
         except queue.Empty:
             pass
 
-    def _apply_now(self, cmd: tuple) -> None:
+    def _apply_now(self, cmd: Command) -> None:
         """Apply one command now (the loop drains the rest next round)."""
-        if cmd[0] == "stop":
+        if isinstance(cmd, Stop):
             self._inbox.put(cmd)
         else:
             self._apply(cmd)
@@ -279,7 +279,7 @@ class Engine:
         except queue.Empty:
             return True
         while True:
-            if cmd[0] == "stop":
+            if isinstance(cmd, Stop):
                 return False
             self._apply(cmd)
             try:
@@ -287,10 +287,9 @@ class Engine:
             except queue.Empty:
                 return True
 
-    def _apply(self, cmd: tuple) -> None:
-        kind = cmd[0]
-        if kind == "add":
-            _, request, reqs, sink = cmd
+    def _apply(self, cmd: Command) -> None:
+        if isinstance(cmd, AddRequests):
+            request, reqs, sink = cmd.request, cmd.reqs, cmd.sink
             for idx, req in enumerate(reqs):
                 if req.rid in self._handles:
                     req.finish = FinishReason("abort", message=f"duplicate rid {req.rid!r}")
@@ -301,16 +300,15 @@ class Engine:
                 self._handles[req.rid] = Handle(idx, sink, stream)
                 self.scheduler.waiting.append(req)
                 self.metrics.on_arrival(req)
-        elif kind == "abort":
-            req = self.scheduler.abort(cmd[1], cmd[2])
+        elif isinstance(cmd, AbortRequest):
+            req = self.scheduler.abort(cmd.rid, cmd.message)
             if req is not None:
                 self._emit([req])
-        elif kind == "call":
-            _, fn, reply = cmd
+        elif isinstance(cmd, CallOnEngine):
             try:
-                reply((True, fn()))
+                cmd.reply((True, cmd.fn()))
             except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
-                reply((False, e))
+                cmd.reply((False, e))
 
     def _emit(self, reqs: list[Req]) -> None:
         for req in reqs:
@@ -334,7 +332,7 @@ class Engine:
         except RuntimeError:  # the caller's event loop is closed: nobody is listening
             log.warning("request %s: caller went away; aborting it", req.rid)
             if req.finish is None:
-                self._apply(("abort", req.rid, "the caller's event loop closed"))
+                self._apply(AbortRequest(req.rid, "the caller's event loop closed"))
 
     def _fail_batch(self, message: str) -> list[Req]:
         batch = self.scheduler.last_batch

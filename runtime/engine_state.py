@@ -6,10 +6,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .req import Req
 from .response import StreamText
+from .scheduler.req import Req
+
+if TYPE_CHECKING:
+    from .scheduler.batch import ScheduledBatch
+    from .scheduler.scheduler import Scheduler
 
 LATENCY_WINDOW = 10_000  # recent per-request latencies kept for percentiles
 
@@ -39,7 +43,7 @@ class EngineMetrics:
     def on_arrival(self, req: Req) -> None:
         self.num_requests += 1
 
-    def on_step(self, batch: Any) -> None:
+    def on_step(self, batch: ScheduledBatch | None) -> None:
         if batch is not None:
             self.num_steps += 1
             self.num_forward_tokens += sum(batch.num_new)
@@ -58,7 +62,7 @@ class EngineMetrics:
         if req.first_token_time is not None and len(req.output_ids) > 1:
             self.tpot.append((now - req.first_token_time) / (len(req.output_ids) - 1))
 
-    def snapshot(self, scheduler: Any) -> dict[str, Any]:
+    def snapshot(self, scheduler: Scheduler) -> dict[str, Any]:
         tree, alloc = scheduler.tree, scheduler.alloc
         return {
             "num_requests": self.num_requests,

@@ -10,8 +10,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .req import LogprobRequest
-from .sampling_params import SamplingParams
+from .sampling.params import SamplingParams
+from .scheduler.req import LogprobRequest
 
 REQUEST_FIELDS = (
     "text",

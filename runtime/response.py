@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .req import Req
+from .scheduler.req import Req
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as FastTokenizer
+from tokenizers.decoders import DecodeStream
 
 
 def _token_text(tok: Any) -> str | None:
@@ -141,30 +142,40 @@ def _derive_chat_roles(render: Any) -> ChatRoles:
 class IncrementalDetokenizer:
     """Turns a growing list of ids into text deltas; never emits half a UTF-8 character.
 
-    Decodes the window ids[prefix_offset:] and emits only what extends the decode of
-    ids[prefix_offset:read_offset], holding back while the text ends in U+FFFD.
+    tokenizers' DecodeStream decodes id by id, holding back while the text ends in U+FFFD.
+    A push of several ids emits nothing while its last id leaves a character unfinished.
     """
 
     tokenizer: Tokenizer
     skip_special_tokens: bool = True
     ids: list[int] = field(default_factory=list)
-    prefix_offset: int = 0
-    read_offset: int = 0
+    num_chars: int = 0  # characters emitted so far
+    held: str = ""  # decoded by the stream, not emitted yet
+    held_from: int = 0  # index of the first id whose text is not emitted yet
+    stream: DecodeStream | None = None
 
     def push(self, new_ids: list[int]) -> str:
+        if self.stream is None:
+            self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
         self.ids.extend(new_ids)
-        dec = self.tokenizer.decode
-        prefix_text = dec(self.ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
-        new_text = dec(self.ids[self.prefix_offset :], self.skip_special_tokens)
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+        piece = None
+        for token_id in new_ids:
+            piece = self.stream.step(self.tokenizer._tok, token_id)
+            self.held += piece or ""
+        if not self.held or piece is None and self._mid_character():
             return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return new_text[len(prefix_text) :]
+        text, self.held, self.held_from = self.held, "", len(self.ids)
+        self.num_chars += len(text)
+        return text
+
+    def _mid_character(self) -> bool:
+        """The ids not emitted yet end inside a character (the last one added no text)."""
+        pending = self.tokenizer.decode(self.ids[self.held_from :], self.skip_special_tokens)
+        return pending.endswith("\ufffd")
 
     def flush(self) -> str:
         """Whatever is held back (an incomplete character decodes to U+FFFD)."""
-        dec = self.tokenizer.decode
-        prefix_text = dec(self.ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
-        new_text = dec(self.ids[self.prefix_offset :], self.skip_special_tokens)
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return new_text[len(prefix_text) :]
+        text = self.tokenizer.decode(self.ids, self.skip_special_tokens)[self.num_chars :]
+        self.num_chars += len(text)
+        self.held, self.held_from = "", len(self.ids)
+        return text

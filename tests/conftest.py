@@ -96,11 +96,11 @@ class SchedulerHarness:
         import torch
         from stemma.runtime.config import EngineConfig
         from stemma.runtime.dtype_policy import resolve_dtype
-        from stemma.runtime.loader import load_model
-        from stemma.runtime.model_runner import ModelRunner
-        from stemma.runtime.output_processor import OutputProcessor
-        from stemma.runtime.sampler import Sampler
-        from stemma.runtime.scheduler import Scheduler
+        from stemma.runtime.executor.model_runner import ModelRunner
+        from stemma.runtime.models.loader import load_model
+        from stemma.runtime.sampling.sampler import Sampler
+        from stemma.runtime.scheduler.output_processor import OutputProcessor
+        from stemma.runtime.scheduler.scheduler import Scheduler
 
         config.setdefault("dtype", "float64")
         self.cfg = EngineConfig(model=str(ckpt), **config)
@@ -115,9 +115,9 @@ class SchedulerHarness:
         torch.manual_seed(0)
 
     def add(self, rid: str, ids: list[int], **params):
-        from stemma.runtime.req import LogprobRequest, Req
-        from stemma.runtime.sampler import SamplingState
-        from stemma.runtime.sampling_params import SamplingParams
+        from stemma.runtime.sampling.params import SamplingParams
+        from stemma.runtime.sampling.sampler import SamplingState
+        from stemma.runtime.scheduler.req import LogprobRequest, Req
 
         logprob = LogprobRequest(**params.pop("logprob", {}))
         sp = SamplingParams.from_dict({"temperature": 0, "ignore_eos": True, **params})

@@ -7,15 +7,13 @@ Parameter names follow HF checkpoints except the merged q|k|v and gate|up projec
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttentionBackend
-from ..forward_batch import ForwardBatch
-from ..memory import KVPool
-from ..model_config import ModelConfig
+from .config import ModelConfig
 from .layers import (
     Embedding,
     GateUpLinear,
@@ -27,6 +25,11 @@ from .layers import (
     packed_linear,
 )
 from .quant import QuantizedWeight, quantize
+
+if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
+    from ..executor.attention import AttentionBackend
+    from ..executor.forward_batch import ForwardBatch
+    from ..executor.memory import KVPool
 
 
 class Attention(nn.Module):

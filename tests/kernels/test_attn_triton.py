@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stemma.runtime.attention import TorchAttnBackend, make_attention_backend
-from stemma.runtime.attn_triton import TritonAttnBackend
-from stemma.runtime.forward_batch import ForwardBatch, ForwardMode
-from stemma.runtime.memory import KVPool, ReqToTokenPool
+from stemma.runtime.executor.attention import TorchAttnBackend, make_attention_backend
+from stemma.runtime.executor.attn_triton import TritonAttnBackend
+from stemma.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from stemma.runtime.executor.memory import KVPool, ReqToTokenPool
 
 NUM_LAYERS, NUM_KV_HEADS, GROUP, HEAD_DIM = 2, 2, 3, 64
 

@@ -162,7 +162,7 @@ def schema_corpus() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def smollm_tokenizer() -> Any:
-    from stemma.runtime.loader import resolve_checkpoint
+    from stemma.runtime.models.loader import resolve_checkpoint
     from stemma.runtime.tokenizer import Tokenizer
 
     return Tokenizer(resolve_checkpoint("smollm2-135m"))
@@ -170,14 +170,14 @@ def smollm_tokenizer() -> Any:
 
 @pytest.fixture(scope="session")
 def smollm_vocab(smollm_tokenizer: Any) -> Any:
-    from stemma.runtime.vocabulary import Vocabulary
+    from stemma.runtime.constrained.vocabulary import Vocabulary
 
     return Vocabulary.from_tokenizer(smollm_tokenizer)
 
 
 @pytest.fixture(scope="session")
 def grammar_service(smollm_vocab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from stemma.runtime.grammar import GrammarService
+    from stemma.runtime.constrained.service import GrammarService
 
     with GrammarService(smollm_vocab, cache_dir=tmp_path_factory.mktemp("grammar-cache")) as svc:
         yield svc

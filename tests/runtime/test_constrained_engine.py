@@ -11,7 +11,7 @@ import threading
 
 import jsonschema
 import pytest
-from stemma.runtime.constraint_spec import ConstraintSpec
+from stemma.runtime.constrained.spec import ConstraintSpec
 from stemma.runtime.engine import Engine
 
 MAX_NEW = 160

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from stemma.runtime.attention import DecodeKV
+from stemma.runtime.executor.attention import DecodeKV
 
 from .test_model_vs_hf import GreedyDriver
 

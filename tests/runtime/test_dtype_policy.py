@@ -57,7 +57,7 @@ def test_engine_reports_its_resolved_dtype(tiny_llama_dir):
 def test_small_step_copies_serve_only_steps_of_few_rows(tiny_llama_dir):
     """A float32 model with bfloat16 copies for steps of <= 2 rows: such steps compute close
     to float32 (bfloat16 rounding of weights and inputs); larger steps are float32 exactly."""
-    from stemma.runtime.loader import load_model
+    from stemma.runtime.models.loader import load_model
 
     plain = load_model(str(tiny_llama_dir), torch.float32).model
     copied = load_model(str(tiny_llama_dir), torch.float32).model

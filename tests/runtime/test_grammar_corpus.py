@@ -9,7 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from stemma.runtime.constraint_spec import ConstraintSpec
+from stemma.runtime.constrained.spec import ConstraintSpec
 
 SEEDS = (None, 0, 1)  # None = greedy
 

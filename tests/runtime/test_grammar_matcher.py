@@ -11,8 +11,8 @@ import pytest
 import torch
 from outlines_core import Index
 from stemma.kernels.token_bitmask import apply_token_bitmask_ref
-from stemma.runtime.constraint_spec import ConstraintSpec
-from stemma.runtime.grammar import Matcher, fill_bitmask
+from stemma.runtime.constrained.matcher import Matcher, fill_bitmask
+from stemma.runtime.constrained.spec import ConstraintSpec
 
 
 def _matcher(service: Any, spec: Any) -> Matcher:

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stemma.runtime.constraint_spec import ConstraintSpec
-from stemma.runtime.grammar import (
+from stemma.runtime.constrained.service import (
     OUTLINES_CORE_VERSION,
-    CompileLimits,
     GrammarHandle,
     GrammarService,
 )
+from stemma.runtime.constrained.spec import ConstraintSpec
+from stemma.runtime.constrained.vocabulary import CompileLimits
 
 # Compact JSON, one string of up to 200 characters: a 66 MiB index that takes seconds to build.
 HUGE = ConstraintSpec.create(

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from stemma.runtime.constraint_spec import ConstraintSpec
-from stemma.runtime.grammar import Matcher
-from stemma.runtime.jump_forward import forced_path, utf8_prefix
+from stemma.runtime.constrained.jump_forward import forced_path, utf8_prefix
+from stemma.runtime.constrained.matcher import Matcher
+from stemma.runtime.constrained.spec import ConstraintSpec
 
 TOOL_CALL = {
     "type": "object",

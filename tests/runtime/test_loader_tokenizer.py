@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from stemma.runtime.loader import load_model, resolve_checkpoint
+from stemma.runtime.models.loader import load_model, resolve_checkpoint
 from stemma.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -86,3 +87,43 @@ def test_incremental_detokenization_never_splits_characters(smol_tok, text):
     assert not any("\ufffd" in p for p in pieces)
     # The case under test happens: some character's bytes are split across tokens.
     assert any(smol_tok.decode([t]) == "\ufffd" for t in ids)
+
+
+def _window_detokenize(tok, ids_per_push, skip):
+    """The detokenizer DecodeStream replaced: decode a window of ids and emit only what extends
+    the decode of its first part, holding back while the text ends in U+FFFD."""
+    ids, prefix, read, out = [], 0, 0, []
+    for new in ids_per_push:
+        ids += new
+        prefix_text = tok.decode(ids[prefix:read], skip)
+        new_text = tok.decode(ids[prefix:], skip)
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            out.append("")
+            continue
+        prefix, read = read, len(ids)
+        out.append(new_text[len(prefix_text) :])
+    return out
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_stream_detokenizer_matches_window_decoding(smol_tok, skip):
+    """Mixed UTF-8, emoji, CJK and special tokens, one id and several ids per push: every
+    delta equals the window algorithm's."""
+    texts = [
+        "naïve café 日本語 🙂🙂 done",
+        "<|im_start|>user\nПривет 👩‍👩‍👧‍👦 مرحبا<|im_end|>\n<|im_start|>assistant\n漢字😀",
+        "ｆｕｌｌｗｉｄｔｈ ㈱ 🇫🇷🇯🇵 €∑∫ 𝔘𝔫𝔦\t\n  end",
+    ]
+    rng = random.Random(0)
+    sequences = [smol_tok.encode(t) for t in texts]
+    sequences += [[rng.randrange(smol_tok.vocab_size) for _ in range(30)] for _ in range(40)]
+    assert any(t in smol_tok.control_token_ids for ids in sequences for t in ids)
+    for ids in sequences:
+        for max_push in (1, 3):
+            pushes, i = [], 0
+            while i < len(ids):
+                n = rng.randint(1, max_push)
+                pushes.append(ids[i : i + n])
+                i += n
+            detok = IncrementalDetokenizer(smol_tok, skip)
+            assert [detok.push(p) for p in pushes] == _window_detokenize(smol_tok, pushes, skip)

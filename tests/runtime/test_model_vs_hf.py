@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from stemma.runtime.config import EngineConfig
-from stemma.runtime.loader import load_model
-from stemma.runtime.model_runner import ModelRunner
+from stemma.runtime.executor.model_runner import ModelRunner
+from stemma.runtime.models.loader import load_model
 
 NEW_TOKENS = 12
 
@@ -128,7 +128,7 @@ CHAT_PROMPTS = [
 @pytest.fixture(scope="module")
 def smollm2_fp32():
     """Our loader's model and HF's own GGUF loader (its own dequantization and q/k order)."""
-    from stemma.runtime.loader import BUILTIN_MODELS, resolve_checkpoint
+    from stemma.runtime.models.loader import BUILTIN_MODELS, resolve_checkpoint
     from transformers import AutoModelForCausalLM
 
     ckpt = resolve_checkpoint("smollm2-135m")

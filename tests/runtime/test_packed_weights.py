@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stemma.runtime import model_runner
+from stemma.runtime.executor import model_runner
 from stemma.runtime.models.layers import Linear, can_pack_weights
 
 from .test_model_vs_hf import GreedyDriver
@@ -75,7 +75,7 @@ def test_plain_greedy_reads_bf16_logits_and_chooses_as_float32(
 ) -> None:
     """Plain greedy rows take the argmax of the model's bf16 logits (exact: widening is
     exact); a row that wants logprobs gets float32 logits. Both choose the same ids."""
-    from stemma.runtime.sampler import Sampler
+    from stemma.runtime.sampling.sampler import Sampler
 
     seen: list[torch.dtype] = []
     real_sample = Sampler.sample

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 import torch
-from stemma.runtime.sampler import AllMaskedError, Sampler, SamplingState
-from stemma.runtime.sampling_params import SamplingParams
+from stemma.runtime.sampling.params import SamplingParams
+from stemma.runtime.sampling.sampler import AllMaskedError, Sampler, SamplingState
 
 V = 40
 EOS = 2
@@ -280,7 +280,7 @@ def test_bad_shapes_are_rejected() -> None:
 
 
 def test_row_max_equals_max_with_first_index_on_ties_inf_and_nan() -> None:
-    from stemma.runtime.sampler import row_max
+    from stemma.runtime.sampling.sampler import row_max
 
     g = torch.Generator().manual_seed(0)
     for trial in range(60):
@@ -299,7 +299,7 @@ def test_row_max_equals_max_with_first_index_on_ties_inf_and_nan() -> None:
 
 
 def test_picks_plain_max_only_for_untouched_greedy_rows() -> None:
-    from stemma.runtime.sampler import picks_plain_max
+    from stemma.runtime.sampling.sampler import picks_plain_max
 
     assert picks_plain_max([state(temperature=0), state(temperature=0, ignore_eos=True)])
     for params in (

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from stemma.runtime.sampling_params import SamplingParams
+from stemma.runtime.sampling.params import SamplingParams
 
 SGLANG_FIELDS = {
     "max_new_tokens",

@@ -8,8 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stemma.runtime.constrained.vocabulary import (
+    Vocabulary,
+    byte_level_token_bytes,
+    gpt2_bytes_to_unicode,
+)
 from stemma.runtime.tokenizer import Tokenizer
-from stemma.runtime.vocabulary import Vocabulary, byte_level_token_bytes, gpt2_bytes_to_unicode
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 

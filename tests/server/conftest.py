@@ -15,7 +15,7 @@ import httpx
 import pytest
 import uvicorn
 from stemma.runtime.engine import Engine
-from stemma.runtime.http_server import create_app
+from stemma.runtime.server.app import create_app
 
 API_KEY = "test-key"
 SMALL_BODY_LIMIT = 4096

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 from stemma.runtime.config import EngineConfig
-from stemma.runtime.http_server import build_parser, main
+from stemma.runtime.server.app import build_parser, main
 
 GRACEFUL_TIMEOUT_S = 2
 

@@ -1,5 +1,6 @@
-"""The tool-call rule (openai_tools): what counts as a call under tool_choice "auto", the
-constraint a forced call is generated under, and how calls stream. No server needed."""
+"""The tool-call rule (runtime/server/openai/tools.py): what counts as a call under
+tool_choice "auto", the constraint a forced call is generated under, and how calls stream.
+No server needed."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 
 import jsonschema
 import pytest
-from stemma.runtime.openai_protocol import ChatCompletionRequest
-from stemma.runtime.openai_stream import ChatChoiceStream
-from stemma.runtime.openai_tools import (
+from stemma.runtime.server.openai.protocol import ChatCompletionRequest
+from stemma.runtime.server.openai.stream import ChatChoiceStream
+from stemma.runtime.server.openai.tools import (
     could_become_tool_call,
     parse_tool_calls,
     plan_tools,

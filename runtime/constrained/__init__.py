@@ -1,0 +1,1 @@
+"""Constrained decoding: constraint specs, grammar compilation, matchers, jump-forward."""

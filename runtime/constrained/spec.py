@@ -1,0 +1,113 @@
+"""A request's output constraint, reduced to one validated regex in outlines-core's dialect.
+
+Front doors: `regex`, `json_schema` (dict, JSON string or pydantic model class), `choices`,
+`dtype`. Anything outlines-core would reject opaquely or silently mis-handle is reported by
+name up front: unsupported regex features always raise ValueError (regex_check.py); JSON-schema
+keywords that outlines-core ignores (schema_check.py) raise too when `strict` (the default), or
+become warnings otherwise. The dtype regexes and schema serialization come from lang.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
+from ...lang.constraints import choices_regex, schema_to_json
+from .regex_check import normalize_regex
+from .schema_check import rewrite_formats, schema_issues
+
+DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
+
+
+@dataclass(slots=True, frozen=True)
+class ConstraintSpec:
+    """Exactly one constraint, normalized so equal constraints have equal keys."""
+
+    regex: str | None = None
+    json_schema: str | None = None  # a JSON document; dicts / pydantic models are serialized
+    choices: tuple[str, ...] | None = None
+    dtype: str | None = None  # "int" | "float" | "bool" | "str"
+    whitespace: str | None = None  # JSON whitespace pattern; None = compact (no whitespace)
+    strict: bool = True  # False: ignored schema keywords become warnings instead of errors
+
+    def __post_init__(self) -> None:
+        given = [n for n in ("regex", "json_schema", "choices", "dtype") if getattr(self, n)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of regex/json_schema/choices/dtype, got {given}")
+        if self.dtype is not None and self.dtype not in DTYPE_REGEX:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_REGEX)}, got {self.dtype!r}")
+
+    @classmethod
+    def create(
+        cls,
+        regex: str | None = None,
+        json_schema: Any = None,
+        choices: Any = None,
+        dtype: Any = None,
+        whitespace: str | None = None,
+        strict: bool = True,
+    ) -> ConstraintSpec:
+        """Normalize the front-door arguments (schema objects to JSON, types to dtype names)."""
+        if choices is not None:
+            if isinstance(choices, str) or not all(isinstance(c, str) for c in choices):
+                raise TypeError(f"choices must be a list of str, got {choices!r}")
+            choices = tuple(choices)
+        if isinstance(dtype, type):
+            dtype = dtype.__name__
+        schema = None if json_schema is None else schema_to_json(json_schema)
+        return cls(regex, schema, choices, dtype, whitespace, strict)
+
+    @property
+    def key(self) -> str:
+        fields = [self.regex, self.json_schema, self.choices, self.dtype, self.whitespace]
+        blob = json.dumps([*fields, self.strict], ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@dataclass(slots=True)
+class ResolvedConstraint:
+    """The regex to compile, and what was loosened to get it (only when not strict)."""
+
+    regex: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def resolve(spec: ConstraintSpec) -> ResolvedConstraint:
+    """The validated regex for `spec`; ValueError names whatever cannot be honoured."""
+    if spec.regex is not None:
+        return ResolvedConstraint(normalize_regex(spec.regex))
+    if spec.choices is not None:
+        return ResolvedConstraint(choices_regex(spec.choices))
+    if spec.dtype is not None:
+        return ResolvedConstraint(DTYPE_REGEX[spec.dtype])
+    from outlines_core.json_schema import build_regex_from_schema
+
+    assert spec.json_schema is not None
+    schema = rewrite_formats(json.loads(spec.json_schema))
+    issues = schema_issues(schema)
+    if issues and spec.strict:
+        raise ValueError(
+            "json_schema keywords outlines-core would silently ignore (strict=False accepts the "
+            "looser constraint): " + "; ".join(issues)
+        )
+    whitespace = "" if spec.whitespace is None else spec.whitespace
+    try:
+        regex = build_regex_from_schema(json.dumps(schema, ensure_ascii=False), whitespace)
+    except ValueError as err:
+        raise ValueError(f"json_schema not supported by outlines-core: {err}") from err
+    return ResolvedConstraint(normalize_regex(regex), [f"ignored: {i}" for i in issues])
+
+
+def constraint_regex(
+    regex: str | None = None,
+    json_schema: Any = None,
+    choices: Any = None,
+    dtype: Any = None,
+    whitespace: str | None = None,
+) -> str:
+    """The regex a request with this constraint is decoded under (strict validation)."""
+    spec = ConstraintSpec.create(regex, json_schema, choices, dtype, whitespace)
+    return resolve(spec).regex

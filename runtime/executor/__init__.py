@@ -1,0 +1,1 @@
+"""One forward pass: the model runner, the batch it packs, KV memory pools, attention backends."""

@@ -1,0 +1,73 @@
+"""ModelRunner: the model plus the KV memory it writes, sized from the engine's budget."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import EngineConfig
+from ..models.layers import can_pack_weights
+from ..models.loader import LoadedModel
+from .attention import make_attention_backend
+from .forward_batch import ForwardBatch
+from .memory import KVPool, ReqToTokenPool, SlotAllocator
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel, small_step_rows: int = 0):
+        """small_step_rows: give the model bfloat16 weight copies for steps of at most this
+        many rows (dtype_policy.plan_small_steps); 0 = none."""
+        self.cfg = cfg
+        self.model = loaded.model
+        mc = loaded.config
+        self.dtype = loaded.model.dtype
+        self.device = torch.device(cfg.device)
+        if cfg.quantization:
+            self.model.quantize_weights(cfg.quantization)
+        elif can_pack_weights(self.device, self.dtype):
+            self.model.pack_weights()
+        elif small_step_rows:
+            self.model.add_small_step_copies(small_step_rows)
+        self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)
+        per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        num_slots = cfg.max_total_tokens or (cfg.kv_cache_mb << 20) // per_slot
+        num_slots = max(num_slots, 2 * cfg.page_size)
+        self.kv_pool = KVPool(
+            num_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
+        )
+        # Retracted requests keep no row, so running requests bound the rows needed.
+        self.req_to_token_pool = ReqToTokenPool(
+            cfg.max_running_requests, self.context_len + cfg.page_size, self.device
+        )
+        self.allocator = SlotAllocator(num_slots, cfg.page_size)
+        self.attn = make_attention_backend(cfg.resolved_attention_backend)
+
+    @property
+    def num_slots(self) -> int:
+        return self.kv_pool.num_slots
+
+    def build_batch(
+        self,
+        req_pool_idx: list[int],
+        prefix_lens: list[int],
+        input_ids: list[list[int]],
+        out_cache_loc: list[int],
+        logit_rows: list[list[int]] | None = None,
+    ) -> ForwardBatch:
+        """Record each request's new slots in req_to_token, then pack the step."""
+        start = 0
+        for row, prefix, ids in zip(req_pool_idx, prefix_lens, input_ids):
+            self.req_to_token_pool.write(row, prefix, out_cache_loc[start : start + len(ids)])
+            start += len(ids)
+        return ForwardBatch.build(
+            self.req_to_token_pool.req_to_token,
+            req_pool_idx,
+            prefix_lens,
+            input_ids,
+            torch.tensor(out_cache_loc, dtype=torch.int32),
+            logit_rows,
+            self.device,
+        )
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits [num_logit_rows, vocab] for one step."""
+        return self.model(fb, self.kv_pool, self.attn)

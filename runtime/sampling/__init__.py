@@ -1,0 +1,1 @@
+"""Sampling parameters and the batched sampler (penalties, masks, logprobs)."""

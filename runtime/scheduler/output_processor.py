@@ -1,0 +1,240 @@
+"""OutputProcessor: from one forward's logits to appended tokens, logprobs and finish reasons.
+
+Per request it plans which logit rows the step needs (the last verified token's position and
+each draft token's, when tokens are to be sampled; every prompt position from
+logprob_start_len on when prompt logprobs were asked for), samples all requests at once in
+rounds (runtime/scheduler/draft.py), then checks stop conditions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..constrained.matcher import fill_bitmask
+from ..executor.forward_batch import ForwardBatch
+from ..executor.model_runner import ModelRunner
+from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
+from ..tokenizer import Tokenizer
+from .batch import ScheduledBatch
+from .draft import accept_into_grammar, drop_draft, make_draft
+from .req import FinishReason, Req
+
+
+@dataclass(slots=True)
+class RowPlan:
+    first_row: int  # this request's first row in the step's logits
+    input_positions: list[int]  # prompt positions p whose logits score token p + 1
+    num_sample: int  # rows after those that sample (1 + draft length), 0 = none
+
+
+class OutputProcessor:
+    def __init__(
+        self, tokenizer: Tokenizer, sampler: Sampler, context_len: int, jump_forward: bool = True
+    ):
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.context_len = context_len
+        self.eos_ids = tokenizer.eos_token_ids
+        self.jump_forward = jump_forward
+
+    # ---- before the forward ---------------------------------------------------------------
+    def build_forward(
+        self, runner: ModelRunner, batch: ScheduledBatch
+    ) -> tuple[ForwardBatch, list[RowPlan]]:
+        rows, prefix_lens, input_ids, out_loc, logit_rows, plans = [], [], [], [], [], []
+        num_rows = 0
+        for req, n in zip(batch.reqs, batch.num_new):
+            start = req.kv_len
+            fill = req.fill_ids
+            rows.append(req.row)
+            prefix_lens.append(start)
+            input_ids.append(fill[start : start + n])
+            out_loc += req.slots[start : start + n]
+            plan = self.plan_rows(req, start, n, num_rows)
+            sample_rows = list(range(n - plan.num_sample, n))
+            wanted = [p - start for p in plan.input_positions] + sample_rows
+            logit_rows.append(wanted)
+            num_rows += len(wanted)
+            plans.append(plan)
+        fb = runner.build_batch(rows, prefix_lens, input_ids, out_loc, logit_rows)
+        return fb, plans
+
+    @staticmethod
+    def plan_rows(req: Req, start: int, n: int, first_row: int) -> RowPlan:
+        completes = start + n == req.seq_len
+        sample = completes and req.params.max_new_tokens > len(req.output_ids)
+        positions: list[int] = []
+        if req.wants_input_logprobs and not req.output_ids:
+            first = max(max(req.logprob.logprob_start_len, 1) - 1, start)
+            last = min(len(req.input_ids) - 2, start + n - 1)
+            positions = list(range(first, last + 1))
+        # The last token and each draft token's position: the rounds of verification.
+        num_sample = 1 + len(req.draft) if sample else 0
+        return RowPlan(first_row, positions, num_sample)
+
+    # ---- after the forward ----------------------------------------------------------------
+    def process(
+        self, batch: ScheduledBatch, plans: list[RowPlan], logits: torch.Tensor
+    ) -> list[Req]:
+        """Advance every request in the batch; returns those that finished. logits: the
+        model's, in its dtype (bfloat16 ones are widened unless only argmaxes are read)."""
+        logits = self.widen(batch.reqs, plans, logits)
+        for req, n in zip(batch.reqs, batch.num_new):
+            req.kv_len += n
+        self.record_input_logprobs(batch.reqs, plans, logits)
+        active = [
+            (r, p.first_row + len(p.input_positions))
+            for r, p in zip(batch.reqs, plans)
+            if p.num_sample
+        ]
+        round_idx = 0
+        while active:  # round r: position r of every request still verifying
+            active = self.sample_round(active, round_idx, logits)
+            round_idx += 1
+        done: list[Req] = []
+        for req in batch.reqs:
+            if req.finish is None and not req.is_prefilling and not req.draft:
+                req.finish = self.check_finish(req)
+                if req.finish is None and self.jump_forward:
+                    make_draft(req, self.tokenizer)
+            if req.finish is not None:
+                done.append(req)
+        return done
+
+    @staticmethod
+    def widen(reqs: list[Req], plans: list[RowPlan], logits: torch.Tensor) -> torch.Tensor:
+        """float32 logits, unless every row is a plain greedy choice (no logprobs, masks,
+        penalties or bias): an argmax over bfloat16 logits is exact, and skipping the copy
+        saves a [rows, vocab] float32 pass per decode step."""
+        if logits.dtype in (torch.float32, torch.float64):
+            return logits
+        plain = all(
+            not r.logprob.return_logprob and r.grammar is None and not p.input_positions
+            for r, p in zip(reqs, plans)
+        )
+        if plain and picks_plain_max([r.sampling for r in reqs]):
+            return logits
+        return logits.float()
+
+    def sample_round(self, active: list[tuple[Req, int]], r: int, logits) -> list[tuple[Req, int]]:
+        """Sample position r for each request; keep those whose draft token was confirmed."""
+        live = []
+        for req, row in active:
+            if req.grammar is not None and req.grammar.is_finished():
+                drop_draft(req, r)  # the constraint is complete: nothing more to sample
+                req.finish = req.finish or FinishReason("stop", matched=None)
+            else:
+                live.append((req, row))
+        if not live:
+            return []
+        reqs = [req for req, _ in live]
+        out, dead = self.sample(reqs, take_rows(logits, [row + r for _, row in live]))
+        still = []
+        for i, (req, row) in enumerate(live):
+            if i in dead:
+                drop_draft(req, r)
+                req.finish = FinishReason(
+                    "abort",
+                    message="no token is allowed: every logit was masked (constraint or bias)",
+                )
+                continue
+            token = out.next_ids[i]
+            confirmed = r < len(req.draft) and token == req.draft[r]
+            if not confirmed:
+                drop_draft(req, r)
+            self.append_token(req, token, out.logprobs[i], out.top_logprobs, i)
+            req.num_forced_tokens += confirmed
+            accept_into_grammar(req, token, self.eos_ids)
+            if req.finish is None and (stop := self.check_finish(req)) is not None:
+                req.finish = stop
+            if req.finish is not None:
+                if req.draft:  # finished on a confirmed token: the rest of the draft goes
+                    drop_draft(req, r + 1)
+            elif confirmed:
+                still.append((req, row))
+        return still
+
+    def sample(self, reqs: list[Req], logits: torch.Tensor):
+        """One sampler call over these rows, under their constraints' masks."""
+        matchers = [r.grammar for r in reqs]
+        bitmask = None
+        if any(m is not None for m in matchers):
+            bitmask = fill_bitmask(matchers, self.sampler.vocab_size).to(logits.device)
+        top_n = [r.logprob.top_logprobs_num if r.logprob.return_logprob else 0 for r in reqs]
+        try:
+            want = any(r.logprob.return_logprob for r in reqs)
+            out = self.sampler.sample(logits, [r.sampling for r in reqs], bitmask, top_n, want)
+            return out, set()
+        except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
+            return e.output, set(e.row_idxs)
+
+    def record_input_logprobs(self, reqs: list[Req], plans: list[RowPlan], logits) -> None:
+        for req, plan in zip(reqs, plans):
+            if not plan.input_positions:
+                continue
+            if not req.input_logprobs and req.logprob.logprob_start_len == 0:
+                req.input_logprobs.append((None, req.input_ids[0]))
+                req.input_top_logprobs.append(None)
+            n = len(plan.input_positions)
+            lp = torch.log_softmax(logits[plan.first_row : plan.first_row + n].double(), dim=-1)
+            targets = torch.tensor([req.input_ids[p + 1] for p in plan.input_positions])
+            picked = lp.gather(1, targets[:, None])[:, 0].tolist()
+            req.input_logprobs += list(zip(picked, targets.tolist()))
+            k = req.logprob.top_logprobs_num
+            if k > 0:
+                vals, ids = lp.topk(k, dim=-1)
+                req.input_top_logprobs += [
+                    list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())
+                ]
+
+    def append_token(self, req: Req, token: int, logprob: float, top, i: int) -> None:
+        req.output_ids.append(token)
+        req.sampling.record(token)
+        if req.logprob.return_logprob:
+            req.output_logprobs.append((logprob, token))
+            if req.logprob.top_logprobs_num > 0 and top is not None:
+                req.output_top_logprobs.append(top[i])
+
+    def check_finish(self, req: Req) -> FinishReason | None:
+        p = req.params
+        if p.max_new_tokens == 0:
+            return FinishReason("length", length=0)
+        if not req.output_ids:
+            return None
+        last = req.output_ids[-1]
+        if last in self.eos_ids and not p.ignore_eos:
+            return FinishReason("stop", matched=last)
+        if p.stop_token_ids and last in p.stop_token_ids:
+            return FinishReason("stop", matched=last)
+        if p.stop or p.stop_regex:
+            tail = self.tail_text(req)
+            for s in p.stop or []:
+                if s in tail:
+                    return FinishReason("stop", matched=s)
+            for pattern in p.stop_regex or []:
+                m = re.search(pattern, self.tokenizer.decode(req.output_ids))
+                if m:
+                    return FinishReason("stop", matched=m.group(0))
+        if len(req.output_ids) >= p.max_new_tokens:
+            return FinishReason("length", length=p.max_new_tokens)
+        if req.seq_len >= self.context_len:
+            return FinishReason("length", length=len(req.output_ids))
+        return None
+
+    def tail_text(self, req: Req) -> str:
+        """Enough decoded output to see any stop string that ends at the newest token."""
+        longest = max(len(s) for s in req.params.stop)
+        ids = req.output_ids[-(longest + 2) :]
+        return self.tokenizer.decode(ids, req.params.skip_special_tokens)
+
+
+def take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows]: a view when the rows are consecutive (a plain decode step), otherwise
+    one index_select (list indexing copies through a much slower path)."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and rows == list(range(first, first + len(rows))):
+        return logits[first : first + len(rows)]
+    return logits.index_select(0, torch.tensor(rows, device=logits.device))

@@ -1,0 +1,1 @@
+"""The HTTP server: SGLang's native /generate protocol and the OpenAI API over one Engine."""

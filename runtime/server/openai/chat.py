@@ -1,0 +1,116 @@
+"""Chat requests to engine inputs: messages through the model's chat template (with the tool
+prompt when tools are offered), and the one constraint a chat request decodes under
+(stemma's regex / json_schema extras, response_format, or a forced tool call's schema).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+
+from ..errors import APIError
+from ..native import check_constraints, check_json_schema
+from ..state import ServerState
+from .protocol import ChatCompletionRequest, ChatMessage, SamplingFields
+from .tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_prompt
+
+
+def grammar_extras(body: SamplingFields) -> dict[str, Any]:
+    """stemma's regex / json_schema extras, checked."""
+    grammar = {
+        k: v for k, v in (("regex", body.regex), ("json_schema", body.json_schema)) if v is not None
+    }
+    check_constraints(grammar, "")
+    return grammar
+
+
+def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
+    content = (
+        m.content
+        if isinstance(m.content, str)
+        else (None if m.content is None else "".join(part.text for part in m.content))
+    )
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise APIError(
+                400,
+                f"messages[{i}]: only assistant messages carry tool_calls",
+                f"messages.{i}.tool_calls",
+            )
+        calls = render_tool_calls([c.model_dump() for c in m.tool_calls])
+        content = f"{content}\n{calls}" if content else calls
+    if content is None:
+        raise APIError(400, f"messages[{i}] ({m.role}) has no content", f"messages.{i}.content")
+    message = {"role": "system" if m.role == "developer" else m.role, "content": content}
+    for key in ("name", "tool_call_id"):
+        if getattr(m, key) is not None:
+            message[key] = getattr(m, key)
+    return message
+
+
+def chat_prompt(state: ServerState, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
+    messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    if plan.mode != "none":
+        tools_text = tool_system_prompt(plan)
+        if messages[0]["role"] == "system":
+            messages[0] = messages[0] | {"content": f"{messages[0]['content']}\n\n{tools_text}"}
+        else:
+            messages.insert(0, {"role": "system", "content": tools_text})
+    try:
+        text = state.engine.apply_chat_template(messages)
+    except (ValueError, TypeError, jinja2.TemplateError) as e:
+        raise APIError(400, f"the chat template rejected the messages: {e}", "messages") from None
+    return state.tokenize_prompt(text, "messages")
+
+
+def chat_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
+    """At most one constraint: the regex / json_schema extras, response_format, or the
+    schema of a forced tool call."""
+    grammar = grammar_extras(body)
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        if grammar:
+            raise APIError(
+                400,
+                "response_format cannot be combined with regex / json_schema",
+                "response_format",
+            )
+        if fmt.type == "json_schema" and fmt.json_schema is None:
+            raise APIError(
+                400,
+                "response_format json_schema needs a 'json_schema' object",
+                "response_format.json_schema",
+            )
+        schema = (
+            {"type": "object"}
+            if fmt.type == "json_object"
+            else (
+                fmt.json_schema.schema_
+                if fmt.json_schema and fmt.json_schema.schema_ is not None
+                else {"type": "object"}
+            )
+        )
+        check_constraints({"json_schema": schema}, "response_format.")
+        grammar = {"json_schema": schema}
+    if plan.mode == "forced":
+        if grammar:
+            raise APIError(
+                400,
+                "a required or named tool_choice cannot be combined with "
+                "response_format / regex / json_schema",
+                "tool_choice",
+            )
+        for i, tool in enumerate(plan.tools):
+            if tool.function.parameters is not None:
+                check_json_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+        grammar = {"json_schema": tool_call_schema(plan)}
+    return grammar
+
+
+def chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:
+    if body.max_completion_tokens is not None:
+        if body.max_tokens is not None and body.max_tokens != body.max_completion_tokens:
+            raise APIError(400, "max_tokens and max_completion_tokens disagree", "max_tokens")
+        return body.max_completion_tokens, "max_completion_tokens"
+    return body.max_tokens, "max_tokens"
