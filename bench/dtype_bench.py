@@ -107,7 +107,6 @@ def main(argv: list[str] | None = None) -> None:
         "native_bf16": cpu_has_native_bf16(),
         "auto_dtype": auto_dtype("cpu").name,
     }
-    rows: list[dict[str, Any]] = []
     try:
         for name in args.workloads.split(","):
             for engine in engines.values():  # warm-up: first-call costs stay out of rounds
@@ -124,17 +123,17 @@ def main(argv: list[str] | None = None) -> None:
                     for r in range(args.repeats)
                 ]
                 row["auto_vs_best"] = round(statistics.median(per_round), 3)
-            rows.append(row)
+            append_results("dtype_bench", [{"model": args.model, **row}])  # each as it ends
             print_table([row], [k for k in row if k != "seconds"])
         if args.accuracy and "float32" in engines:
             others = {c: e for c, e in engines.items() if c in ("bfloat16", "int8", "int4")}
             acc = accuracy(others, engines["float32"])
-            rows += [{**r, **machine} for r in acc]
+            append_results("dtype_bench", [{"model": args.model, **r, **machine} for r in acc])
             print_table(acc, list(acc[0]))
     finally:
         for engine in engines.values():
             engine.shutdown()
-    print("appended to", append_results("dtype_bench", [{"model": args.model, **r} for r in rows]))
+    print("appended to bench/results/dtype_bench.jsonl")
 
 
 if __name__ == "__main__":
