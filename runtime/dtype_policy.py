@@ -115,8 +115,8 @@ def plan_small_steps(
     half the bytes), and plan the copy if it costs at most a quarter of available memory."""
     if requested != "auto" or choice.name != "float32" or cpu_has_native_bf16():
         return choice
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if weight_bytes // 2 > available // 4:
+    available = available_memory_bytes()
+    if available is None or weight_bytes // 2 > available // 4:
         return choice
     rows = bfloat16_small_step_rows(hidden, inter)
     if not rows:
@@ -124,6 +124,17 @@ def plan_small_steps(
     reason = f"{choice.reason}; steps of <= {rows} rows use a bfloat16 weight copy (measured)"
     log.info("dtype float32; steps of <= %d rows use a bfloat16 weight copy (measured)", rows)
     return dataclasses.replace(choice, reason=reason, small_step_rows=rows)
+
+
+def available_memory_bytes() -> int | None:
+    """Free physical memory (Linux), else all physical memory (macOS has no free-page count),
+    else None."""
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            continue
+    return None
 
 
 def bfloat16_small_step_rows(hidden: int, inter: int, max_rows: int = 8) -> int:
