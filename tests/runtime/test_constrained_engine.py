@@ -134,14 +134,15 @@ def assert_allowed_prefix(engine: Engine, schema: str, ids: list[int]) -> None:
 
 def test_jump_forward_keeps_greedy_output(schema_corpus, regex_corpus):
     """Greedy text is the same with jump-forward on and off; on forwards fewer times.
-    float64 so that the different step shapes cannot flip a near-tie."""
-    schemas = engine_schemas(schema_corpus)
+    float64 so that the different step shapes cannot flip a near-tie; six schemas and two
+    regexes keep a float64 run of the built-in model short on CPUs without fast float64."""
+    schemas = engine_schemas(schema_corpus)[:6]
     texts, steps = {}, {}
     for jf in (True, False):
         with Engine(
             "smollm2-135m", dtype="float64", kv_cache_mb=256, enable_jump_forward=jf
         ) as engine:
-            reqs = schema_requests(schemas) + regex_requests(regex_corpus[:4])
+            reqs = schema_requests(schemas) + regex_requests(regex_corpus[:2])
             outs = run_corpus(engine, reqs, {"temperature": 0})
             texts[jf] = [o["text"] for o in outs]
             steps[jf] = engine.get_metrics()["num_steps"]
