@@ -2,14 +2,15 @@
 with a measured slowdown when an explicit dtype falls to the hardware's slow path.
 
 On CPUs without native bfloat16 (AVX2-only x86, e.g. AMD EPYC before Zen 4) torch's bfloat16
-and float16 matmuls run a reference loop: measured on a 2-core AVX2 EPYC over SmolLM2-135M's
-linears, 2.5x float32's time at 8 rows and 3.4x at 32 (bench/dtype_bench.py). There "auto" is
-float32; where oneDNN runs bfloat16 natively (AVX512-BF16 / AMX) it is bfloat16.
+and float16 matmuls run a reference loop: on a 2-core AVX2 EPYC an 8-request decode of
+SmolLM2-135M took 9.5x float32's time (bench/dtype_bench.py). There "auto" is float32; where
+oneDNN runs bfloat16 natively (AVX512-BF16 / AMX) it is bfloat16.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -137,6 +138,7 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+@functools.cache  # a property of this machine and shape: measured once per process
 def bfloat16_small_step_rows(hidden: int, inter: int, max_rows: int = 8) -> int:
     """The most rows (1, 2, 4 or 8) at which a bfloat16 linear runs faster than float32 here,
     over 64 MB of float32 weights so that they stream from memory as a model's do (a single

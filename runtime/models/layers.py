@@ -53,6 +53,11 @@ def packed_linear_then(
     return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, bias, op)
 
 
+def bfloat16_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T with W a bfloat16 copy (add_small_step_copy), returned in x's dtype."""
+    return F.linear(x.to(torch.bfloat16), weight).to(x.dtype)
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b). Column/row parallel variants override load_weight and forward."""
 
@@ -78,13 +83,12 @@ class Linear(nn.Module):
         if self.quant is None and x.shape[0] > self.small_rows:
             y = F.linear(x, self.weight, self.bias)  # the plain path: HF's exact operations
         else:
-            y = self.quant.matmul(x) if self.quant is not None else self.small_matmul(x)
+            if self.quant is not None:
+                y = self.quant.matmul(x)
+            else:
+                y = bfloat16_matmul(x, self.small_weight)
             y = y if self.bias is None else y + self.bias
         return y if residual is None else residual + y
-
-    def small_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T through the bfloat16 copy, in x's dtype (see add_small_step_copy)."""
-        return F.linear(x.to(torch.bfloat16), self.small_weight).to(x.dtype)
 
     def pack(self) -> None:
         """Replace the weight by its oneDNN-blocked form (after loading; see can_pack_weights).
@@ -135,13 +139,10 @@ class GateUpLinear(MergedLinear):
         self.up_bias: nn.Parameter | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.quant is not None or self.small_weight is not None:
-            gate, up = super().forward(x).chunk(2, dim=-1)
-            return F.silu(gate) * up
         if self.is_packed:
             gate = packed_linear(x, self.weight, self.bias, "swish")
             return packed_linear_then(x, self.up_weight, self.up_bias, "mul", gate)
-        gate, up = F.linear(x, self.weight, self.bias).chunk(2, dim=-1)
+        gate, up = super().forward(x).chunk(2, dim=-1)
         return F.silu(gate) * up
 
     def pack(self) -> None:

@@ -21,6 +21,7 @@ from .layers import (
     MergedLinear,
     RMSNorm,
     RotaryEmbedding,
+    bfloat16_matmul,
     pack_weight,
     packed_linear,
 )
@@ -131,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
         if self._vocab_quant is not None:
             return self._vocab_quant.matmul(x)
         if self._vocab_small is not None and x.shape[0] <= self._small_rows:
-            return F.linear(x.to(torch.bfloat16), self._vocab_small).to(x.dtype)
+            return bfloat16_matmul(x, self._vocab_small)
         if self._vocab_packed is not None:
             return packed_linear(x, self._vocab_packed)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -178,10 +179,11 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.quantize(method)
-        if self.lm_head is not None:
+        if self.lm_head is None:
+            self._vocab_quant = quantize(self.embed_tokens.weight, "int8")
+        else:
             self.lm_head.quantize("int8")
-        vocab = self.embed_tokens.weight if self.lm_head is None else None
-        self._vocab_quant = quantize(vocab, "int8") if vocab is not None else self.lm_head.quant
+            self._vocab_quant = self.lm_head.quant
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown."""
