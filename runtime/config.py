@@ -31,6 +31,7 @@ class EngineConfig:
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
     random_seed: int = 0
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+    enable_fault_injection: bool = False  # test-only switches (runtime/faults.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

@@ -22,6 +22,7 @@ from .constrained.vocabulary import CompileLimits
 from .dtype_policy import plan_small_steps, resolve_dtype
 from .engine_state import EngineMetrics, Handle
 from .executor.model_runner import ModelRunner
+from .faults import Faults
 from .inbox import AbortRequest, AddRequests, CallOnEngine, Command, Event, Stop
 from .io_struct import GenerateRequest
 from .models.loader import load_model
@@ -50,7 +51,8 @@ class Engine:
             )
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows)
+        self.faults = Faults(cfg.enable_fault_injection)
+        self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows, self.faults)
         self.vocab_size = loaded.config.vocab_size
         sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
         self.outputs = OutputProcessor(
@@ -62,7 +64,7 @@ class Engine:
         limits = CompileLimits(
             timeout_s=cfg.grammar_timeout_s, max_index_bytes=cfg.grammar_max_index_mb << 20
         )
-        self.constraints = Constraints(self.tokenizer, grammar_dir, limits)
+        self.constraints = Constraints(self.tokenizer, grammar_dir, limits, self.faults)
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
@@ -126,6 +128,17 @@ class Engine:
 
     def get_metrics(self) -> dict[str, Any]:
         return self._call(lambda: self.metrics.snapshot(self.scheduler))
+
+    def memory_state(self) -> dict[str, Any]:
+        """KV slots by owner (free, evictable, locked, private), request rows, and whether the
+        slot invariant holds now (taken between steps)."""
+        return self._call(self.scheduler.memory_state)
+
+    def inject_fault(self, kind: str, count: int = 1) -> dict[str, dict[str, int]]:
+        """Arm a test-only fault switch (runtime/faults.py); RuntimeError when injection is
+        off. Returns the switches' state."""
+        self.faults.arm(kind, count)
+        return self.faults.state()
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..faults import Faults
 from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer
 from .service import GrammarHandle, GrammarService
@@ -16,8 +17,15 @@ from .vocabulary import CompileLimits
 
 
 class Constraints:
-    def __init__(self, tokenizer: Tokenizer, cache_dir: Path | None, limits: CompileLimits):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        cache_dir: Path | None,
+        limits: CompileLimits,
+        faults: Faults | None = None,
+    ):
         self.tokenizer = tokenizer
+        self.faults = faults
         self.cache_dir = cache_dir
         self.limits = limits
         self._service: GrammarService | None = None
@@ -28,7 +36,9 @@ class Constraints:
             from .vocabulary import Vocabulary
 
             vocab = Vocabulary.from_tokenizer(self.tokenizer)
-            self._service = GrammarService(vocab, cache_dir=self.cache_dir, limits=self.limits)
+            self._service = GrammarService(
+                vocab, cache_dir=self.cache_dir, limits=self.limits, faults=self.faults
+            )
         return self._service
 
     def submit(self, params: SamplingParams) -> GrammarHandle | None:

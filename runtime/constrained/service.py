@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..faults import Faults
 from .disk_cache import disk_load, disk_store
 from .matcher import CompiledGrammar, Matcher
 from .spec import ConstraintSpec, resolve
@@ -101,6 +102,7 @@ class GrammarService:
         max_memory_cache_bytes: int = 1 << 30,
         max_disk_cache_bytes: int = 4 << 30,
         max_remembered: int = 4096,
+        faults: Faults | None = None,
     ) -> None:
         self.vocab, self.limits, self.cache_dir = vocab, limits or CompileLimits(), cache_dir
         self.max_memory_cache_bytes, self.max_disk_cache_bytes = (
@@ -108,6 +110,7 @@ class GrammarService:
             max_disk_cache_bytes,
         )
         self.max_remembered = max_remembered
+        self.faults = faults
         self.stats = GrammarStats()
         self._vocab_binary = vocab.to_binary()
         self._lock = threading.Lock()
@@ -155,7 +158,7 @@ class GrammarService:
         self.close()
 
     def _worker_loop(self) -> None:
-        process = IndexCompiler(self._vocab_binary, self.limits)
+        process = IndexCompiler(self._vocab_binary, self.limits, self.faults)
         try:
             while (handle := self._jobs.get()) is not None:
                 self._serve(handle, process)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from ..faults import Faults
 from ..tokenizer import Tokenizer
 
 
@@ -147,6 +149,14 @@ class CompileLimits:
     max_memory_bytes: int = 4 << 30  # address space of a compile worker process
 
 
+class _WorkerDied(Exception):
+    """The compile worker exited mid-compile (IndexCompiler retries once)."""
+
+    def __init__(self, code: int | None, tail: str) -> None:
+        super().__init__(code, tail)
+        self.code, self.tail = code, tail
+
+
 # ---- compile worker processes -------------------------------------------------------------
 # Frames on the pipes: parent -> child `u32 length + payload`; child -> parent
 # `u8 status + u32 length + payload` (status 0: Index bytes, 1: error text).
@@ -156,16 +166,35 @@ class IndexCompiler:
     """Builds outlines-core indexes over one vocabulary in a child process.
 
     The child is started on first use and killed (then restarted on demand) when a compile
-    runs past `timeout_s`; its address space is capped at `max_memory_bytes`.
+    runs past `timeout_s`; its address space is capped at `max_memory_bytes`. A child that
+    dies mid-compile is replaced and the compile tried once more, so a worker lost to
+    something other than the pattern (killed from outside, a crash) costs no request.
     """
 
-    def __init__(self, vocab_binary: bytes, limits: CompileLimits) -> None:
+    def __init__(
+        self, vocab_binary: bytes, limits: CompileLimits, faults: Faults | None = None
+    ) -> None:
         self.vocab_binary, self.limits = vocab_binary, limits
+        self.faults = faults or Faults()
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: Any = None
 
     def compile(self, regex: str) -> bytes:
         """The serialized Index for `regex`; CompileError past a limit or on a bad pattern."""
+        try:
+            return self._compile_once(regex)
+        except _WorkerDied:
+            pass
+        try:
+            return self._compile_once(regex)
+        except _WorkerDied as died:
+            raise CompileError(
+                f"compile worker died twice (exit {died.code}); the constraint most likely "
+                f"needs more than the {self.limits.max_memory_bytes >> 20} MiB memory limit. "
+                f"{died.tail}".strip()
+            ) from None
+
+    def _compile_once(self, regex: str) -> bytes:
         try:
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
@@ -175,6 +204,10 @@ class IndexCompiler:
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
             _write_frame(proc.stdin, regex.encode())
+        if self.faults.take("compile_kill"):
+            proc.send_signal(signal.SIGKILL)
+        if self.faults.take("compile_hang"):
+            proc.send_signal(signal.SIGSTOP)
         if not select.select([proc.stdout], [], [], self.limits.timeout_s)[0]:
             self.kill()
             raise CompileError(
@@ -183,11 +216,7 @@ class IndexCompiler:
             )
         header = _read_exact(proc.stdout, 5)
         if header is None:
-            code, tail = self.kill()
-            raise CompileError(
-                f"compile worker died (exit {code}); the constraint most likely needs more than "
-                f"the {self.limits.max_memory_bytes >> 20} MiB memory limit. {tail}".strip()
-            )
+            raise _WorkerDied(*self.kill())
         status, length = struct.unpack("<BI", header)
         payload = _read_exact(proc.stdout, length) or b""
         if status:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..config import EngineConfig
+from ..faults import Faults, InjectedFault
 from ..models.layers import can_pack_weights
 from ..models.loader import LoadedModel
 from .attention import make_attention_backend
@@ -13,10 +14,17 @@ from .memory import KVPool, ReqToTokenPool, SlotAllocator
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, loaded: LoadedModel, small_step_rows: int = 0):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        loaded: LoadedModel,
+        small_step_rows: int = 0,
+        faults: Faults | None = None,
+    ):
         """small_step_rows: give the model bfloat16 weight copies for steps of at most this
         many rows (dtype_policy.plan_small_steps); 0 = none."""
         self.cfg = cfg
+        self.faults = faults or Faults()
         self.model = loaded.model
         mc = loaded.config
         self.dtype = loaded.model.dtype
@@ -70,4 +78,6 @@ class ModelRunner:
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [num_logit_rows, vocab] for one step."""
+        if self.faults.take("forward_error"):
+            raise InjectedFault("injected fault: the model forward failed")
         return self.model(fb, self.kv_pool, self.attn)

@@ -113,6 +113,18 @@ class CacheManager:
         if self.tree is not None:
             self.alloc.free(self.tree.reset())
 
+    def usage(self, running: list[Req]) -> dict[str, int]:
+        tree = self.tree
+        return {
+            "capacity": self.alloc.capacity,
+            "free": self.alloc.num_free,
+            "evictable": tree.evictable_size if tree else 0,
+            "locked": tree.locked_size if tree else 0,
+            "private": sum(r.num_private_slots for r in running),
+            "rows_total": self.rows.req_to_token.shape[0],
+            "rows_free": self.rows.num_free_rows,
+        }
+
     def check(self, running: list[Req]) -> None:
         """The slot invariant of docs/ARCHITECTURE.md ("KV memory"); raises AssertionError."""
         tree = self.tree

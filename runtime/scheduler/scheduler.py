@@ -175,3 +175,15 @@ class Scheduler:
     def check_memory(self) -> None:
         """The slot invariant of docs/ARCHITECTURE.md ("KV memory"); raises AssertionError."""
         self.cache.check(self.running)
+
+    def memory_state(self) -> dict[str, object]:
+        """Slots by owner, rows, queue lengths, and the invariant's verdict (for debugging
+        and the soak harness)."""
+        state: dict[str, object] = self.cache.usage(self.running)
+        state |= {"running": len(self.running), "waiting": len(self.waiting)}
+        try:
+            self.check_memory()
+            state |= {"invariant_ok": True, "violation": None}
+        except AssertionError as e:
+            state |= {"invariant_ok": False, "violation": str(e)}
+        return state

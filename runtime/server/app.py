@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from ..config import EngineConfig
 from ..engine import Engine
+from .debug import router as debug_router
 from .errors import install_error_handlers
 from .metrics import ServerMetrics
 from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestCounter
@@ -53,6 +54,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(native_router)
     app.include_router(openai_router)
+    app.include_router(debug_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(RequestCounter, metrics=metrics)  # outermost: sees 401s and 413s too
