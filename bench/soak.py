@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -67,7 +68,7 @@ class Record:
         self.by_scenario[scenario][outcome.status] += 1
         self.latency[scenario].append(seconds)
         if outcome.status == "error":
-            self.errors[f"{scenario}: {outcome.detail[:90]}"] += 1
+            self.errors[re.sub(r"\d+", "N", f"{scenario}: {outcome.detail[:90]}")] += 1
         if outcome.status in ("bad", "hung") and len(self.bad) < 50:
             self.bad.append(
                 {

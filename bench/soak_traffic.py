@@ -125,20 +125,22 @@ def _http_error(r: httpx.Response, expected: bool) -> Outcome:
     return Outcome("bad", f"unexpected HTTP {r.status_code}: {message[:200]}")
 
 
-def _finish(meta: dict[str, Any]) -> Outcome | None:
+def _finish(meta: dict[str, Any], expected: bool = False) -> Outcome | None:
     """None when the item finished normally; else the abort as an Outcome."""
     finish = meta.get("finish_reason") or {}
     if finish.get("type") != "abort":
         return None
     message = finish.get("message") or ""
-    if any(e in message for e in EXPECTED_ERRORS):
+    if message and (expected or any(e in message for e in EXPECTED_ERRORS)):
         return Outcome("error", f"abort: {message[:120]}")
     return Outcome("bad", f"unexpected abort: {message[:200] or '(no message)'}")
 
 
-def _check_items(items: list[dict[str, Any]], check: Callable[[str], str | None]) -> Outcome:
+def _check_items(
+    items: list[dict[str, Any]], check: Callable[[str], str | None], expected: bool = False
+) -> Outcome:
     for item in items:
-        aborted = _finish(item.get("meta_info", {}))
+        aborted = _finish(item.get("meta_info", {}), expected)
         if aborted is not None:
             return aborted
         problem = check(item.get("text", ""))
@@ -263,7 +265,7 @@ class Traffic:
     async def pathological(self) -> Outcome:
         params = {"max_new_tokens": 16} | self.rng.choice(PATHOLOGICAL)
         out = await self._generate({"text": "x", "sampling_params": params}, expected=True)
-        return out if isinstance(out, Outcome) else _check_items([out], lambda t: None)
+        return out if isinstance(out, Outcome) else _check_items([out], lambda t: None, True)
 
     # ---- OpenAI chat ---------------------------------------------------------------------
     async def _chat(self, extra: dict[str, Any], expected: bool = False) -> Any:
