@@ -7,9 +7,11 @@ and cos/sin are computed in float32, scaled by the variant's attention factor, t
 Two variants change frequencies with the sequence length. HF recomputes them from the longest
 position in each forward; here each position has its own row: `dynamic` uses the NTK base for
 a sequence ending at that position, `longrope` the long factors from
-original_max_position_embeddings on. That equals HF for one sequence whose prompt fits in the
-original length and whose decode steps go past it (what HF's generate does), and is the same
-for every batch and chunking, where HF's depends on what the batch holds.
+original_max_position_embeddings on. For `dynamic` that equals HF for one sequence whose prompt
+fits in the original length and whose decode steps go past it (HF's generate keeps the old
+keys), and is the same for every batch and chunking, where HF's depends on what the batch
+holds. For `longrope` it equals HF only inside the original length: HF's Phi-3 recomputes the
+whole sequence with the long factors when it crosses, which a prefix cache cannot do.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def inv_freq(
     hf_config = SimpleNamespace(
         rope_parameters=params,
         head_dim=head_dim,
+        hidden_size=head_dim,  # read (never used) where head_dim is given
+        num_attention_heads=1,
         max_position_embeddings=max_position,
         standardize_rope_params=lambda: None,
     )
