@@ -115,7 +115,9 @@ class ModelConfig:
         if act == "gelu_tanh":
             act = "gelu_pytorch_tanh"
         if act not in spec.activations:
-            raise ValueError(f"unsupported hidden_act {act!r} for {arch}; supported: {spec.activations}")
+            raise ValueError(
+                f"unsupported hidden_act {act!r} for {arch}; supported: {spec.activations}"
+            )
         num_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         num_layers = cfg["num_hidden_layers"]
@@ -146,7 +148,9 @@ class ModelConfig:
             hidden_act=act,
             rope_parameters=rope,
             layer_types=tuple(layer_types),
-            sliding_window=cfg.get("sliding_window") if "sliding_attention" in layer_types else None,
+            sliding_window=cfg.get("sliding_window")
+            if "sliding_attention" in layer_types
+            else None,
             qk_norm=spec.qk_norm,
             gemma_norms=spec.gemma,
             # As HF: sqrt(hidden) held as a float32 scalar, widened to the model's dtype.
@@ -179,7 +183,9 @@ def _layer_types(arch: str, cfg: dict[str, Any], num_layers: int) -> list[str]:
             for i in range(num_layers)
         ]
     elif arch == "Gemma2ForCausalLM":
-        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+        types = [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)
+        ]
     elif arch == "Gemma3ForCausalLM":
         pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
         types = [
@@ -227,6 +233,8 @@ def _rope_parameters(arch: str, cfg: dict[str, Any], used: set[str]) -> dict[str
         if "partial_rotary_factor" in cfg:
             p.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
         if "original_max_position_embeddings" in cfg:
-            p.setdefault("original_max_position_embeddings", cfg["original_max_position_embeddings"])
+            p.setdefault(
+                "original_max_position_embeddings", cfg["original_max_position_embeddings"]
+            )
         out[lt] = p
     return out

@@ -83,7 +83,15 @@ class Attention(nn.Module):
         qk = RotaryEmbedding.apply(qk, cos_sin)
         q, k, v = qk[:, :num_q], qk[:, num_q:], qkv[:, num_qk:]
         o = attn.forward(
-            q, k, v, self.layer_id, fb, pool, self.sm_scale, window=self.window, softcap=self.softcap
+            q,
+            k,
+            v,
+            self.layer_id,
+            fb,
+            pool,
+            self.sm_scale,
+            window=self.window,
+            softcap=self.softcap,
         )
         return self.o_proj(o.reshape(n, num_q * self.head_dim), residual)
 
@@ -93,7 +101,11 @@ class MLP(nn.Module):
         super().__init__()
         inter = cfg.intermediate_size
         self.gate_up_proj = GateUpLinear(
-            cfg.hidden_size, inter, cfg.mlp_bias, dtype, "silu" if cfg.hidden_act == "silu" else "gelu"
+            cfg.hidden_size,
+            inter,
+            cfg.mlp_bias,
+            dtype,
+            "silu" if cfg.hidden_act == "silu" else "gelu",
         )
         self.down_proj = Linear(inter, cfg.hidden_size, cfg.mlp_bias, dtype)
 
@@ -140,8 +152,11 @@ class DecoderForCausalLM(nn.Module):
         self.ropes = nn.ModuleDict(
             {
                 name: RotaryEmbedding(
-                    cfg.head_dim, params, cfg.rope_max_position or cfg.max_position,
-                    cfg.max_position, dtype,
+                    cfg.head_dim,
+                    params,
+                    cfg.rope_max_position or cfg.max_position,
+                    cfg.max_position,
+                    dtype,
                 )  # fmt: skip
                 for name, params in rope.items()
             }
