@@ -16,7 +16,9 @@ TINY_CORPUS = [
 ]
 
 
-def write_tiny_tokenizer(out: Path, vocab_size: int = 384) -> int:
+def write_tiny_tokenizer(
+    out: Path, vocab_size: int = 384, extra_specials: tuple[str, ...] = ()
+) -> int:
     """A byte-level BPE tokenizer trained on TINY_CORPUS, with a ChatML template; returns
     its vocabulary size."""
     import json
@@ -27,7 +29,7 @@ def write_tiny_tokenizer(out: Path, vocab_size: int = 384) -> int:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *extra_specials]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=specials,
