@@ -51,12 +51,11 @@ def write_tiny_tokenizer(
     return tok.get_vocab_size()
 
 
-def save_random_model(model, out: Path, seed: int = 0) -> Path:
-    """Re-initialize `model` (a HF model) larger than its default, so random logits are well
-    separated (no near-ties), and save it into out."""
+def save_random_model(model, out: Path) -> Path:
+    """Re-initialize `model` (a HF model, built just after torch.manual_seed) larger than its
+    default, so random logits are well separated (no near-ties), and save it into out."""
     import torch
 
-    torch.manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
@@ -92,7 +91,7 @@ def build_tiny_checkpoint(
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
-    return save_random_model(model, out, seed)
+    return save_random_model(model, out)
 
 
 @pytest.fixture(scope="session")

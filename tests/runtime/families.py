@@ -127,4 +127,4 @@ def build_family(out: Path, family: str, seed: int = 0) -> Path:
     args = {**COMMON, "vocab_size": write_tiny_tokenizer(out), **extra}
     torch.manual_seed(seed)
     model = getattr(transformers, MODEL_CLASSES[config_name])(config_cls(**args))
-    return save_random_model(model, out, seed)
+    return save_random_model(model, out)
