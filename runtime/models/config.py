@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# rope_type -> implemented; all but "default" come from transformers' ROPE_INIT_FUNCTIONS.
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+# Implemented RoPE types: "default", transformers' ROPE_INIT_FUNCTIONS (linear ... llama3), and
+# "freq_factors" (per-frequency divisors, how GGUF stores Llama 3's scaling; models/rope.py).
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "freq_factors")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 

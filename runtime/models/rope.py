@@ -28,10 +28,13 @@ def inv_freq(
 ) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [rotary_dim / 2] or [..., rotary_dim / 2], attention factor)."""
     rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
+    if rope_type in ("default", "freq_factors"):
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-        return 1.0 / (params["rope_theta"] ** exponent), 1.0
+        freq = 1.0 / (params["rope_theta"] ** exponent)
+        if rope_type == "freq_factors":  # llama.cpp's rope_freqs: theta_i / factor_i
+            freq = freq / torch.tensor(params["freq_factors"], dtype=torch.float32)
+        return freq, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     # The init functions read a config's rope_parameters, head_dim and max_position_embeddings.
