@@ -84,6 +84,28 @@ def _dequantize(t: Any) -> np.ndarray:
     return w.reshape(tuple(reversed([int(d) for d in t.shape])))
 
 
+CHUNK_BYTES = 16 << 20  # float32 rows dequantized at once: dequantize's temporaries are ~3x
+
+
+def _dequantize_rows(t: Any) -> Any:
+    """A tensor as float32 blocks of whole rows, in order (t.data: [rows, row bytes or
+    values], so a slice of rows dequantizes alone)."""
+    import gguf
+
+    if t.data.ndim < 2:
+        yield _dequantize(t)
+        return
+    row_values = int(t.shape[0])
+    step = max(1, CHUNK_BYTES // (4 * row_values))
+    for start in range(0, t.data.shape[0], step):
+        block = gguf.quants.dequantize(t.data[start : start + step], t.tensor_type)
+        yield block.reshape(-1, row_values)
+
+
+def _f32_bytes(w: np.ndarray) -> bytes:
+    return np.ascontiguousarray(w, dtype="<f4").tobytes()
+
+
 def read_gguf_config(reader: Any) -> dict[str, Any]:
     """A HF config.json dict from GGUF metadata (and its RoPE factor tensors)."""
 
@@ -175,16 +197,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     names = [hf_tensor_name(t.name, arch) for t in weights]
     with open(out_dir / "model.safetensors", "wb") as f:
         _write_header(f, names, [tuple(reversed([int(d) for d in t.shape])) for t in weights])
-        for t in weights:  # one tensor in memory at a time
-            w = _dequantize(t)
+        for t in weights:
             kind = t.name.split(".")[-2]
             if arch == "llama" and kind in ("attn_q", "attn_k"):
                 heads = cfg["num_attention_heads" if kind == "attn_q" else "num_key_value_heads"]
-                w = _unpermute(w, heads)
-            if arch.startswith("gemma") and kind.endswith("norm"):
-                w = w - 1.0  # llama.cpp stores Gemma's 1 + w
-            f.write(np.ascontiguousarray(w, dtype="<f4").tobytes())
-            del w
+                f.write(_f32_bytes(_unpermute(_dequantize(t), heads)))
+            elif arch.startswith("gemma") and kind.endswith("norm"):
+                f.write(_f32_bytes(_dequantize(t) - 1.0))  # llama.cpp stores Gemma's 1 + w
+            else:
+                for rows in _dequantize_rows(t):
+                    f.write(_f32_bytes(rows))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     _convert_tokenizer(gguf_path, reader, out_dir)
 
