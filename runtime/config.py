@@ -29,6 +29,7 @@ class EngineConfig:
     grammar_max_index_mb: int = 256  # a compiled constraint larger than this fails its request
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
+    chat_template: str | None = None  # a Jinja file or template replacing the checkpoint's
     random_seed: int = 0
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     enable_fault_injection: bool = False  # test-only switches (runtime/faults.py)

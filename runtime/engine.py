@@ -50,6 +50,8 @@ class Engine:
                 self.dtype, cfg.dtype, mc.hidden_size, mc.intermediate_size, weight_bytes
             )
         self.tokenizer = loaded.tokenizer
+        if cfg.chat_template is not None:
+            self.tokenizer.set_chat_template(cfg.chat_template)
         self.model_config = loaded.config
         self.faults = Faults(cfg.enable_fault_injection)
         self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows, self.faults)
@@ -143,8 +145,13 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt=True):
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools)
 
     def shutdown(self) -> None:
         """Abort what is still running and stop the engine thread."""

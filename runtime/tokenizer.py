@@ -1,6 +1,11 @@
 """Tokenizer: a fast BPE tokenizer plus the model's own chat template, read offline from a
 checkpoint directory (tokenizer.json, tokenizer_config.json, optional chat_template.jinja,
 generation_config.json), and incremental detokenization safe for UTF-8 split across tokens.
+
+Chat templates render through transformers' own render_jinja_template (its loop controls,
+strftime_now, tojson, raise_exception; tools passed in), so a prompt is the text
+apply_chat_template gives. Each family's end-of-turn token stops generation even where the
+checkpoint's eos_token_id names only its end-of-text token.
 """
 
 from __future__ import annotations
@@ -16,6 +21,11 @@ from tokenizers.decoders import DecodeStream
 
 def _token_text(tok: Any) -> str | None:
     return tok.get("content") if isinstance(tok, dict) else tok
+
+
+# End-of-turn tokens of the chat families (Llama 3, ChatML / Qwen, Gemma, Phi-3): each is a
+# stop token wherever the vocabulary holds it as a special token.
+END_OF_TURN_TOKENS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -54,8 +64,15 @@ class Tokenizer:
         eos_tok = self._id(_token_text(tcfg.get("eos_token")))
         if eos_tok is not None:
             eos_ids.add(eos_tok)
-        self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
         special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+        eos_ids.update(self._tok.token_to_id(t) for t in END_OF_TURN_TOKENS if t in special)
+        self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
+        # What transformers hands every template: bos_token, eos_token, pad_token, unk_token.
+        self.special_tokens = {
+            key: text
+            for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if (text := _token_text(tcfg.get(key))) is not None
+        }
         self.control_token_ids: frozenset[int] = frozenset(
             tcfg.get("control_token_ids") or [self._tok.token_to_id(s) for s in special]
         )
@@ -63,8 +80,18 @@ class Tokenizer:
         self.chat_template: str | None = (
             template_file.read_text() if template_file.exists() else tcfg.get("chat_template")
         )
-        self._compiled_template: Any = None
         self._chat_roles: ChatRoles | None = None
+
+    def set_chat_template(self, template: str) -> None:
+        """Replace the checkpoint's template (--chat-template): a file path or the template."""
+        path = Path(template).expanduser()
+        self.chat_template = path.read_text() if path.is_file() else template
+        self._chat_roles = None
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders a `tools` list itself."""
+        return self.chat_template is not None and "tools" in self.chat_template
 
     def _id(self, text: str | None) -> int | None:
         return None if text is None else self._tok.token_to_id(text)
@@ -79,35 +106,29 @@ class Tokenizer:
         return self._tok.id_to_token(token_id)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        """The prompt text, as transformers' apply_chat_template(tokenize=False) renders it."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
         if self.chat_template is None:
             raise ValueError("this model has no chat template; send plain text instead")
-        if self._compiled_template is None:
-            self._compiled_template = _compile_template(self.chat_template)
-        return self._compiled_template.render(
-            messages=messages,
+        [text], _ = render_jinja_template(
+            conversations=[messages],
+            tools=tools,
+            chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
-            bos_token=self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else "",
-            eos_token="",
+            **self.special_tokens,
         )
+        return text
 
     def chat_roles(self) -> ChatRoles:
         if self._chat_roles is None:
             self._chat_roles = _derive_chat_roles(self.apply_chat_template)
         return self._chat_roles
-
-
-def _compile_template(source: str) -> Any:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise ValueError(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
-    return env.from_string(source)
 
 
 def _derive_chat_roles(render: Any) -> ChatRoles:

@@ -16,21 +16,20 @@ TINY_CORPUS = [
 ]
 
 
-def build_tiny_checkpoint(
-    out: Path, arch: str = "llama", vocab_size: int = 384, tie: bool = False, seed: int = 0
-) -> Path:
-    """A tiny random model plus a byte-level BPE tokenizer trained on TINY_CORPUS."""
+def write_tiny_tokenizer(
+    out: Path, vocab_size: int = 384, extra_specials: tuple[str, ...] = ()
+) -> int:
+    """A byte-level BPE tokenizer trained on TINY_CORPUS, with a ChatML template; returns
+    its vocabulary size."""
     import json
 
-    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *extra_specials]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=specials,
@@ -49,8 +48,33 @@ def build_tiny_checkpoint(
             {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": template}
         )
     )
+    return tok.get_vocab_size()
+
+
+def save_random_model(model, out: Path) -> Path:
+    """Re-initialize `model` (a HF model, built just after torch.manual_seed) larger than its
+    default, so random logits are well separated (no near-ties), and save it into out."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+            else:  # norm weights and biases
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out)
+    return out
+
+
+def build_tiny_checkpoint(
+    out: Path, arch: str = "llama", vocab_size: int = 384, tie: bool = False, seed: int = 0
+) -> Path:
+    """A tiny random model plus a byte-level BPE tokenizer trained on TINY_CORPUS."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     common = dict(
-        vocab_size=tok.get_vocab_size(),
+        vocab_size=write_tiny_tokenizer(out, vocab_size),
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
@@ -67,15 +91,7 @@ def build_tiny_checkpoint(
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
-    # Larger-than-default init so random logits are well separated (no near-ties).
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-            else:  # norm weights and biases
-                p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(out)
-    return out
+    return save_random_model(model, out)
 
 
 @pytest.fixture(scope="session")

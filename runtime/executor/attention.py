@@ -2,7 +2,10 @@
 
 A backend is told about a batch once per forward (`init_forward_metadata`), then called per
 layer with this step's q/k/v. It writes the new K/V into the pool at fb.out_cache_loc and
-attends each new token causally over its request's whole context (fb.kv_indices).
+attends each new token causally over its request's whole context (fb.kv_indices), or, for a
+sliding-window layer, over the keys less than `window` positions behind it: the pool and the
+radix tree keep every position's K/V and the window is a mask, so a cached prefix of any
+length serves any layer. `softcap` caps the scores (Gemma 2) before the mask and softmax.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class AttentionBackend(Protocol):
         fb: ForwardBatch,
         pool: KVPool,
         sm_scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 
@@ -62,6 +67,8 @@ class TorchAttnBackend:
         mask = (ctx_col[None, None, :] <= q_pos[:, :, None]) & is_ctx[:, None, :]
         # Padding query rows see slot 0 so softmax stays finite; their output is dropped.
         mask[:, :, 0] |= ~self.is_new
+        self.q_pos, self.ctx_col, self.full_mask = q_pos, ctx_col, mask  # for windowed layers
+        self.window_masks: dict[int | None, torch.Tensor] = {}
         self.shared_len = shared_prefix_len(kv_slots, min(fb.prefix_lens.tolist()))
         if self.shared_len:  # cascade: the shared prefix is read once, not once per request
             self.shared_slots = kv_slots[0, : self.shared_len]
@@ -76,7 +83,7 @@ class TorchAttnBackend:
         eligible = self.is_decode and not self.shared_len
         self.dense = self.decode_kv.begin(fb, eligible, kv_slots)
 
-    def forward(self, q, k, v, layer_id, fb, pool, sm_scale):
+    def forward(self, q, k, v, layer_id, fb, pool, sm_scale, window=None, softcap=None):
         pool.write(layer_id, self.out_loc, k, v)
         if self.is_decode:
             q_pad = q.unsqueeze(1)  # [B, 1, num_heads, head_dim]
@@ -96,6 +103,9 @@ class TorchAttnBackend:
             kv_shape = (*self.ctx_shape, *pool.k[layer_id].shape[1:])
             k_ctx = pool.k[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
             v_ctx = pool.v[layer_id].index_select(0, self.kv_slots).view(kv_shape).to(q.dtype)
+        if window is not None or softcap is not None:
+            o = self.windowed(q_pad, k_ctx, v_ctx, layer_id, pool, sm_scale, window, softcap)
+            return o[:, 0] if self.is_decode else o[self.is_new]
         if self.shared_len:
             k_shared = pool.k[layer_id].index_select(0, self.shared_slots).to(q.dtype)
             v_shared = pool.v[layer_id].index_select(0, self.shared_slots).to(q.dtype)
@@ -113,6 +123,47 @@ class TorchAttnBackend:
             enable_gqa=True,
         )  # [B, num_heads, max_new, head_dim]
         return o[:, :, 0] if self.is_decode else o.transpose(1, 2)[self.is_new]
+
+    def windowed(self, q_pad, k_ctx, v_ctx, layer_id, pool, sm_scale, window, softcap):
+        """Attention of a sliding-window or soft-capped layer over whole contexts (a shared
+        prefix joins each request's rest again). Returns [B, max_new, num_heads, head_dim]."""
+        if self.shared_len:
+            B = k_ctx.shape[0]
+            k_shared = pool.k[layer_id].index_select(0, self.shared_slots).to(q_pad.dtype)
+            v_shared = pool.v[layer_id].index_select(0, self.shared_slots).to(q_pad.dtype)
+            k_ctx = torch.cat([k_shared.expand(B, *k_shared.shape), k_ctx], dim=1)
+            v_ctx = torch.cat([v_shared.expand(B, *v_shared.shape), v_ctx], dim=1)
+        if window not in self.window_masks:
+            mask = self.full_mask
+            if window is not None:  # padding rows keep their one column (slot 0)
+                near = self.ctx_col[None, None, :] > self.q_pos[:, :, None] - window
+                mask = mask & (near | ~self.is_new[:, :, None])
+            self.window_masks[window] = mask[:, :, : k_ctx.shape[1]]
+        return masked_attention(q_pad, k_ctx, v_ctx, self.window_masks[window], sm_scale, softcap)
+
+
+def masked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    sm_scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """softmax(cap(q k^T * scale) masked) v as HF's eager attention computes it.
+
+    q: [B, new, H, D]; k, v: [B, ctx, Hkv, D]; mask: [B, new, ctx] bool. Returns [B, new, H, D].
+    """
+    B, new, H, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.view(B, new, Hkv, H // Hkv, D)
+    s = torch.einsum("bnhgd,bchd->bhgnc", qg, k) * sm_scale  # [B, Hkv, G, new, ctx]
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    s = s.masked_fill(~mask[:, None, None], float("-inf"))
+    wide = torch.promote_types(q.dtype, torch.float32)
+    p = s.to(wide).softmax(-1).to(q.dtype)
+    return torch.einsum("bhgnc,bchd->bnhgd", p, v).reshape(B, new, H, D)
 
 
 class DecodeKV:

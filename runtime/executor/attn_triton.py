@@ -37,7 +37,11 @@ class TritonAttnBackend:
         fb: ForwardBatch,
         pool: KVPool,
         sm_scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        if window is not None or softcap is not None:  # ModelRunner refuses such models
+            raise NotImplementedError("the triton backend has no sliding window or softcap")
         pool.write(layer_id, fb.out_cache_loc, k, v)
         k_buffer, v_buffer = pool.k[layer_id], pool.v[layer_id]
         if self.is_decode:

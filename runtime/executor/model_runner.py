@@ -48,6 +48,13 @@ class ModelRunner:
         )
         self.allocator = SlotAllocator(num_slots, cfg.page_size)
         self.attn = make_attention_backend(cfg.resolved_attention_backend)
+        needs = [n for n, on in (("sliding_window", mc.sliding_window), ("attn_logit_softcapping",
+                 mc.attn_softcap)) if on]  # fmt: skip
+        if needs and cfg.resolved_attention_backend != "torch":
+            raise ValueError(
+                f"{mc.arch} uses {', '.join(needs)}, which only the torch attention backend "
+                "implements; use attention_backend='torch'"
+            )
 
     @property
     def num_slots(self) -> int:

@@ -1,11 +1,10 @@
 """Building blocks of a decoder, each linear written so tensor parallelism swaps one class.
 
 Linear layers hold the full (tp_size=1) weight today; `load_weight` is the one place a
-sharded layer would slice its part. RMSNorm and rotary embedding follow HF Llama (rotate-half
-RoPE, inv_freq and angles in float32, the norm in float32), so float64 runs match HF's to
-rounding.
+sharded layer would slice its part. RMSNorm follows HF Llama (normalized in float32) or HF
+Gemma (scaled by 1 + w in float32), so float64 runs match HF's to rounding. RoPE is rope.py.
 
-On CPU in bfloat16 the model packs its weights once (`LlamaForCausalLM.pack_weights`): each
+On CPU in bfloat16 the model packs its weights once (`DecoderForCausalLM.pack_weights`): each
 linear is re-laid out for oneDNN, a norm's scale is folded into the linear it feeds, and the
 work around a matmul (the residual add, silu, the gate * up product) runs inside it.
 """
@@ -127,23 +126,33 @@ class MergedLinear(Linear):
 
 
 class GateUpLinear(MergedLinear):
-    """gate|up stacked; forward gives the gated activation silu(x G^T) * (x U^T).
+    """gate|up stacked; forward gives the gated activation act(x G^T) * (x U^T), act silu
+    (SwiGLU) or gelu_pytorch_tanh (GeGLU, Gemma).
 
     Packed, the two halves are separate oneDNN weights (`weight` the gate, `up_weight` the
     up), so the silu runs inside the gate matmul and the product inside the up matmul.
     """
 
-    def __init__(self, in_features: int, inter: int, bias: bool, dtype: torch.dtype):
+    def __init__(
+        self, in_features: int, inter: int, bias: bool, dtype: torch.dtype, act: str = "silu"
+    ):
         super().__init__(in_features, [inter, inter], bias, dtype)
         self.up_weight: nn.Parameter | None = None
         self.up_bias: nn.Parameter | None = None
+        self.act = act
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) if self.act == "silu" else F.gelu(gate, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.is_packed:
-            gate = packed_linear(x, self.weight, self.bias, "swish")
+            if self.act == "silu":
+                gate = packed_linear(x, self.weight, self.bias, "swish")
+            else:
+                gate = self.activation(packed_linear(x, self.weight, self.bias))
             return packed_linear_then(x, self.up_weight, self.up_bias, "mul", gate)
         gate, up = super().forward(x).chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return self.activation(gate) * up
 
     def pack(self) -> None:
         inter = self.out_sizes[0]
@@ -188,40 +197,17 @@ class RMSNorm(nn.Module):
         self.weight = None
 
 
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for positions 0..max_position-1, rotate-half layout."""
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's norm: normalized and scaled by (1 + w) in float32, then cast (HF Gemma2/3)."""
 
-    def __init__(self, head_dim: int, theta: float, max_position: int, dtype: torch.dtype):
-        super().__init__()
-        self.head_dim, self.theta, self.max_position = head_dim, theta, max_position
-        self.register_buffer("cos", torch.empty(0, dtype=dtype), persistent=False)
-        # The sin table's first half is stored negated (see apply).
-        self.register_buffer("signed_sin", torch.empty(0, dtype=dtype), persistent=False)
-        self.build_tables()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, self.eps)
+        return (h * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
 
-    def build_tables(self) -> None:
-        """(Re)compute cos/sin on the buffers' device and dtype (a model built on the meta
-        device calls this once its buffers are real)."""
-        device, dtype = self.cos.device, self.cos.dtype
-        if device.type == "meta":
-            return
-        d = self.head_dim
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-        pos = torch.arange(self.max_position, dtype=torch.float32)
-        freqs = pos[:, None] * inv_freq[None, :]  # [max_position, head_dim / 2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.signed_sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1).to(device, dtype)
+    def fold_into(self, linear: Linear) -> None:
+        raise NotImplementedError("a Gemma norm keeps its scale (its output is cast after it)")
 
-    def table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin for these positions, [num_tokens, 1, head_dim]; computed once
-        per forward. The sin's first half is negated (see apply)."""
-        return self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Rotate x: [num_tokens, heads, head_dim]; q and k heads go through in one call.
-        HF's x * cos + rotate_half(x) * sin, with rotate_half(x) = [-x2, x1] written as
-        roll(x) = [x2, x1] times the signed sin: three calls instead of six."""
-        cos, signed_sin = cos_sin
-        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap), HF's three operations (Gemma 2's logit soft-capping)."""
+    return torch.tanh(x / cap) * cap

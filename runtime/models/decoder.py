@@ -1,7 +1,12 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2-style qkv bias) over a ForwardBatch.
+"""The one decoder: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3 and Phi-3 as switches of
+ModelConfig (models/config.py), over a ForwardBatch.
 
-Parameter names follow HF checkpoints except the merged q|k|v and gate|up projections;
-`load_weights` maps checkpoint tensors onto them strictly (each exactly once, none unknown).
+The switches: q/k/v and o biases, q/k norms over head_dim (Qwen3, Gemma 3), per-layer sliding
+windows and RoPE tables (Mistral, Gemma), Gemma's (1 + w) norms around both attention and MLP
+with a scaled embedding, GeGLU, attention and final logit soft-capping, and a query scale.
+Parameter names follow HF checkpoints except the merged q|k|v and gate|up projections (Phi-3
+stores them merged); `load_weights` maps checkpoint tensors onto them strictly (each exactly
+once, none unknown).
 """
 
 from __future__ import annotations
@@ -17,20 +22,26 @@ from .config import ModelConfig
 from .layers import (
     Embedding,
     GateUpLinear,
+    GemmaRMSNorm,
     Linear,
     MergedLinear,
     RMSNorm,
-    RotaryEmbedding,
     bfloat16_matmul,
     pack_weight,
     packed_linear,
+    softcap,
 )
 from .quant import QuantizedWeight, quantize
+from .rope import RotaryEmbedding
 
 if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
     from ..executor.attention import AttentionBackend
     from ..executor.forward_batch import ForwardBatch
     from ..executor.memory import KVPool
+
+
+def make_norm(cfg: ModelConfig, dim: int, dtype: torch.dtype) -> RMSNorm:
+    return (GemmaRMSNorm if cfg.gemma_norms else RMSNorm)(dim, cfg.rms_norm_eps, dtype)
 
 
 class Attention(nn.Module):
@@ -47,7 +58,11 @@ class Attention(nn.Module):
             cfg.hidden_size, [q_size, kv_size, kv_size], cfg.qkv_bias, dtype
         )
         self.o_proj = Linear(q_size, cfg.hidden_size, cfg.o_bias, dtype)
-        self.sm_scale = cfg.head_dim**-0.5
+        self.q_norm = make_norm(cfg, cfg.head_dim, dtype) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, cfg.head_dim, dtype) if cfg.qk_norm else None
+        self.sm_scale = cfg.attn_scale or cfg.head_dim**-0.5
+        self.window = cfg.layer_window(layer_id)
+        self.softcap = cfg.attn_softcap
 
     def forward(
         self,
@@ -56,15 +71,28 @@ class Attention(nn.Module):
         fb: ForwardBatch,
         pool: KVPool,
         attn: AttentionBackend,
-        residual: torch.Tensor,
+        residual: torch.Tensor | None,
     ) -> torch.Tensor:
-        """residual + attention(x); x, residual: [num_tokens, hidden]."""
+        """residual + attention(x) (attention(x) alone for residual None); x: [tokens, hidden]."""
         n, num_q, num_qk = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
         # q|k|v as heads: [n, num_heads + 2 * num_kv_heads, head_dim]; q and k rotate together.
         qkv = self.qkv_proj(x).view(n, num_qk + self.num_kv_heads, self.head_dim)
-        qk = RotaryEmbedding.apply(qkv[:, :num_qk], cos_sin)
+        qk = qkv[:, :num_qk]
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, :num_q]), self.k_norm(qk[:, num_q:])], dim=1)
+        qk = RotaryEmbedding.apply(qk, cos_sin)
         q, k, v = qk[:, :num_q], qk[:, num_q:], qkv[:, num_qk:]
-        o = attn.forward(q, k, v, self.layer_id, fb, pool, self.sm_scale)
+        o = attn.forward(
+            q,
+            k,
+            v,
+            self.layer_id,
+            fb,
+            pool,
+            self.sm_scale,
+            window=self.window,
+            softcap=self.softcap,
+        )
         return self.o_proj(o.reshape(n, num_q * self.head_dim), residual)
 
 
@@ -72,36 +100,68 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
         inter = cfg.intermediate_size
-        self.gate_up_proj = GateUpLinear(cfg.hidden_size, inter, cfg.mlp_bias, dtype)
+        self.gate_up_proj = GateUpLinear(
+            cfg.hidden_size,
+            inter,
+            cfg.mlp_bias,
+            dtype,
+            "silu" if cfg.hidden_act == "silu" else "gelu",
+        )
         self.down_proj = Linear(inter, cfg.hidden_size, cfg.mlp_bias, dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + mlp(x)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """residual + mlp(x) (mlp(x) alone for residual None)."""
         return self.down_proj(self.gate_up_proj(x), residual)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP; Gemma also norms each one's output before its residual add
+    (post_attention_layernorm is then that output norm, pre_feedforward_layernorm the MLP's)."""
+
     def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.input_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
         self.self_attn = Attention(cfg, layer_id, dtype)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
         self.mlp = MLP(cfg, dtype)
+        self.sandwich = cfg.gemma_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
+            self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
 
     def forward(self, x, cos_sin, fb, pool, attn):
+        if self.sandwich:
+            h = self.self_attn(self.input_layernorm(x), cos_sin, fb, pool, attn, residual=None)
+            x = x + self.post_attention_layernorm(h)
+            h = self.mlp(self.pre_feedforward_layernorm(x), residual=None)
+            return x + self.post_feedforward_layernorm(h)
         x = self.self_attn(self.input_layernorm(x), cos_sin, fb, pool, attn, residual=x)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
-class LlamaForCausalLM(nn.Module):
+class DecoderForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position, dtype)
+        self.norm = make_norm(cfg, cfg.hidden_size, dtype)
+        # One RoPE table per layer type with its own parameters (Gemma 3: local and global).
+        rope = cfg.rope_parameters or {"full_attention": {"rope_theta": cfg.rope_theta}}
+        self.ropes = nn.ModuleDict(
+            {
+                name: RotaryEmbedding(
+                    cfg.head_dim,
+                    params,
+                    cfg.rope_max_position or cfg.max_position,
+                    cfg.max_position,
+                    dtype,
+                )  # fmt: skip
+                for name, params in rope.items()
+            }
+        )
+        self.layer_rope = [cfg.layer_rope(i) for i in range(cfg.num_layers)]
         self._vocab_t: torch.Tensor | None = None  # lm_head weight transposed, lazily
         self._vocab_packed: torch.Tensor | None = None  # oneDNN-blocked copy (pack_weights)
         self._vocab_quant: QuantizedWeight | None = None  # weight-only copy (quantize_weights)
@@ -113,17 +173,27 @@ class LlamaForCausalLM(nn.Module):
             else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
         )
 
+    def build_rope_tables(self) -> None:
+        """Compute the RoPE tables (non-persistent buffers: computed, not loaded)."""
+        for rope in self.ropes.values():
+            rope.build_tables()
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend) -> torch.Tensor:
         """Logits for the rows fb.logits_idx: [num_logit_rows, vocab_size], in the model's
         dtype (the output processor widens reduced-precision logits where it needs to)."""
         attn.init_forward_metadata(fb)
         x = self.embed_tokens(fb.input_ids)
-        cos_sin = self.rope.table(fb.positions)
-        for layer in self.layers:
-            x = layer(x, cos_sin, fb, pool, attn)
+        if self.cfg.embed_scale is not None:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        tables = {name: rope.table(fb.positions) for name, rope in self.ropes.items()}
+        for layer, rope in zip(self.layers, self.layer_rope):
+            x = layer(x, tables[rope], fb, pool, attn)
         x = self.norm(x[fb.logits_idx])
-        return self.project_vocab(x)
+        logits = self.project_vocab(x)
+        if self.cfg.final_softcap is not None:
+            logits = softcap(logits, self.cfg.final_softcap)
+        return logits
 
     def project_vocab(self, x: torch.Tensor) -> torch.Tensor:
         """lm_head: [rows, hidden] -> [rows, vocab]. Packed weights (pack_weights) go
@@ -148,8 +218,9 @@ class LlamaForCausalLM(nn.Module):
         hand their scale to the linear they feed first. A tied embedding keeps its plain
         table for lookups beside the packed projection. One-way: load weights before."""
         for layer in self.layers:
-            layer.input_layernorm.fold_into(layer.self_attn.qkv_proj)
-            layer.post_attention_layernorm.fold_into(layer.mlp.gate_up_proj)
+            if not self.cfg.gemma_norms:  # Gemma's norms cast after scaling; they stay
+                layer.input_layernorm.fold_into(layer.self_attn.qkv_proj)
+                layer.post_attention_layernorm.fold_into(layer.mlp.gate_up_proj)
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()
@@ -213,18 +284,22 @@ class LlamaForCausalLM(nn.Module):
             t["lm_head.weight"] = self.lm_head.weight.data
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
+            norms = ["input_layernorm", "post_attention_layernorm"]
+            if layer.sandwich:
+                norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+            for norm in norms:
+                t[f"{p}{norm}.weight"] = getattr(layer, norm).weight.data
             attn, mlp = layer.self_attn, layer.mlp
-            t[p + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            t[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
-            kinds = ["weight"] + (["bias"] if attn.qkv_proj.bias is not None else [])
-            for kind in kinds:
-                for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                    t[f"{p}self_attn.{proj}.{kind}"] = attn.qkv_proj.part(j, kind).data
+            if attn.q_norm is not None:
+                t[p + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
+                t[p + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
+            if self.cfg.fused_checkpoint:  # Phi-3: q|k|v and gate|up as stored here
+                _add_linear(t, p + "self_attn.qkv_proj", attn.qkv_proj)
+                _add_linear(t, p + "mlp.gate_up_proj", mlp.gate_up_proj)
+            else:
+                _add_parts(t, p + "self_attn.", attn.qkv_proj, ("q_proj", "k_proj", "v_proj"))
+                _add_parts(t, p + "mlp.", mlp.gate_up_proj, ("gate_proj", "up_proj"))
             _add_linear(t, p + "self_attn.o_proj", attn.o_proj)
-            kinds = ["weight"] + (["bias"] if mlp.gate_up_proj.bias is not None else [])
-            for kind in kinds:
-                for j, proj in enumerate(("gate_proj", "up_proj")):
-                    t[f"{p}mlp.{proj}.{kind}"] = mlp.gate_up_proj.part(j, kind).data
             _add_linear(t, p + "mlp.down_proj", mlp.down_proj)
         return t
 
@@ -233,3 +308,12 @@ def _add_linear(t: dict[str, torch.Tensor], prefix: str, lin: Linear) -> None:
     t[prefix + ".weight"] = lin.weight.data
     if lin.bias is not None:
         t[prefix + ".bias"] = lin.bias.data
+
+
+def _add_parts(
+    t: dict[str, torch.Tensor], prefix: str, merged: MergedLinear, names: tuple[str, ...]
+) -> None:
+    """Each stacked part of a merged linear under its own checkpoint name."""
+    for kind in ["weight"] + (["bias"] if merged.bias is not None else []):
+        for j, name in enumerate(names):
+            t[f"{prefix}{name}.{kind}"] = merged.part(j, kind).data
