@@ -36,8 +36,16 @@ from .tokenizer import IncrementalDetokenizer
 log = logging.getLogger("stemma.engine")
 
 
+DEFAULT_MODEL = "smollm2-135m"
+
+
 class Engine:
-    def __init__(self, model: str = "smollm2-135m", **config: Any):
+    def __init__(self, model: str | None = None, *, model_path: str | None = None, **config: Any):
+        """`model` (or SGLang's name for it, `model_path`): a built-in name, HF directory or
+        GGUF file; the default is the built-in smollm2-135m."""
+        if model is not None and model_path is not None and model != model_path:
+            raise ValueError(f"got model={model!r} and model_path={model_path!r}; give one")
+        model = model or model_path or DEFAULT_MODEL
         self.config = cfg = EngineConfig.from_kwargs(model=model, **config)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)

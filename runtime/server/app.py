@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model",
+        "--model-path",  # SGLang's name
+        dest="model",
         default="smollm2-135m",
         help="built-in name, HF directory or GGUF file (default: smollm2-135m)",
     )
