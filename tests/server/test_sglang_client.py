@@ -1,7 +1,7 @@
 """SGLang's own frontend (the pinned `sglang` package, installed without its runtime) runs
 programs against stemma's server: gen, select, fork/join, run_batch, streaming, roles and
 regex, first as programs written here, then some of SGLang's own test programs unchanged
-(those whose assertions do not depend on the model knowing the answer). SGLang's
+(those whose assertions do not depend on the model knowing the answer; opt-in, `-m slow`). SGLang's
 test_parallel_encoding is left out: its client joins with a /concate_and_append_request call
 that neither SGLang's current server nor stemma serves, and then waits forever."""
 
@@ -72,6 +72,9 @@ def test_stream_and_regex(endpoint):
     assert re.fullmatch(date, dated.run(temperature=0)["date"])
 
 
+# SGLang's own programs generate up to 128-256 tokens each on SmolLM2 (~2 minutes on a 2-core
+# CPU): opt in with `pytest -m slow`. The programs above cover the same primitives quickly.
+@pytest.mark.slow
 def test_sglang_suite_programs_unchanged(endpoint):
     from sglang.test import test_programs as suite
 
@@ -82,6 +85,7 @@ def test_sglang_suite_programs_unchanged(endpoint):
     suite.test_expert_answer(check_answer=False)
 
 
+@pytest.mark.slow
 def test_sglang_json_and_mt_bench_unchanged(endpoint):
     from sglang.test import test_programs as suite
 
