@@ -12,19 +12,22 @@ so no process outlives the engine; `shutdown` joins them and kills stragglers.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing.connection
 import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..config import EngineConfig
-from ..models.parallel import TPGroup
+from ..models.config import ModelConfig
+from ..models.parallel import TPGroup, check_divisible
 from .forward_batch import ForwardBatch
 from .step_message import pack_step, pack_stop
 from .tp_worker import HEARTBEAT_S, STORE_TIMEOUT, WorkerSpec, run_worker
@@ -48,6 +51,8 @@ def split_addr(addr: str | None) -> tuple[str, int]:
 class TensorParallel:
     def __init__(self, cfg: EngineConfig, ckpt_dir: str, dtype: torch.dtype):
         """Start the store and this node's workers, and join the group as rank 0."""
+        mc = ModelConfig.from_hf(json.loads((Path(ckpt_dir) / "config.json").read_text()))
+        check_divisible(mc, cfg.tp_size)  # before any process starts
         self.size = cfg.tp_size
         self.lost: str | None = None  # why the group broke, once it has
         self.on_lost: Callable[[str], None] | None = None  # the engine's hook (watchdog)
@@ -98,6 +103,11 @@ class TensorParallel:
 
     def diagnose(self, error: BaseException | None = None) -> str:
         """Which ranks are gone: dead ones with their exit code, hung ones by heartbeat."""
+        deadline = time.monotonic() + 1.0  # a reset connection can come before the exit code
+        while time.monotonic() < deadline and all(p.is_alive() for p in self.procs.values()):
+            if any(time.monotonic() - self.heartbeats[r] > 4 * HEARTBEAT_S for r in self.procs):
+                break
+            time.sleep(0.05)
         now, why = time.monotonic(), []
         for rank, p in self.procs.items():
             if p.exitcode is not None:
@@ -117,7 +127,7 @@ class TensorParallel:
                 self._publish(pack_stop())
             except (RuntimeError, dist.DistError):
                 pass  # the store is gone: the workers notice on their own
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + (5.0 if self.lost is None else 0.0)  # lost: kill now
         for p in self.procs.values():
             p.join(max(0.0, deadline - time.monotonic()))
         for p in self.procs.values():
