@@ -20,7 +20,7 @@ from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .dtype_policy import plan_small_steps, resolve_dtype
-from .engine_state import EngineMetrics, Handle
+from .engine_state import EngineMetrics, EngineUnavailable, Handle
 from .executor.model_runner import ModelRunner
 from .executor.tensor_parallel import TensorParallel, WorkerLost
 from .faults import Faults
@@ -37,10 +37,6 @@ from .tokenizer import IncrementalDetokenizer
 log = logging.getLogger("stemma.engine")
 
 
-class EngineUnavailable(RuntimeError):
-    """The engine cannot serve any more requests (a tensor-parallel rank was lost)."""
-
-
 class Engine:
     def __init__(self, model: str = "smollm2-135m", **config: Any):
         self.config = cfg = EngineConfig.from_kwargs(model=model, **config)
@@ -49,8 +45,8 @@ class Engine:
         self.dtype = resolve_dtype(cfg.dtype, cfg.device)
         self.unavailable: str | None = None  # why new requests are refused, once they are
         self.tp: TensorParallel | None = None
-        cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else None
-        ckpt = resolve_checkpoint(cfg.model, cache_dir)  # a GGUF converts once, before workers
+        # A GGUF converts once, before any worker starts.
+        ckpt = resolve_checkpoint(cfg.model, Path(cfg.cache_dir) if cfg.cache_dir else None)
         try:
             if cfg.tp_size > 1:
                 self.tp = TensorParallel(cfg, str(ckpt), self.dtype.torch_dtype)
@@ -61,8 +57,7 @@ class Engine:
             raise
 
     def _load(self, cfg: EngineConfig, ckpt: str) -> None:
-        """Load this rank's model and build everything around it (the workers load theirs
-        meanwhile), then start the engine thread."""
+        """Load rank 0's model (TP workers load theirs meanwhile), then start the loop."""
         tp_group = self.tp.group if self.tp is not None else None
         loaded = load_model(ckpt, self.dtype.torch_dtype, cfg.device, tp=tp_group)
         if cfg.quantization is None:
@@ -76,22 +71,20 @@ class Engine:
             self.tokenizer.set_chat_template(cfg.chat_template)
         self.model_config = loaded.config
         self.faults = Faults(cfg.enable_fault_injection)
-        small_rows = self.dtype.small_step_rows
-        self.runner = ModelRunner(cfg, loaded, small_rows, self.faults, self.tp)
+        self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows, self.faults, self.tp)
         if self.tp is not None:
-            self.tp.wait_ready(small_rows)
+            self.tp.wait_ready(self.dtype.small_step_rows)
             self.tp.on_lost = self._on_rank_lost
         self.vocab_size = loaded.config.vocab_size
         sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
         self.outputs = OutputProcessor(
             self.tokenizer, sampler, self.runner.context_len, cfg.enable_jump_forward
         )
-        grammar_dir = (
-            Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else default_grammar_cache_dir()
-        )
+        grammar_dir = Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else None
         limits = CompileLimits(
             timeout_s=cfg.grammar_timeout_s, max_index_bytes=cfg.grammar_max_index_mb << 20
         )
+        grammar_dir = grammar_dir or default_grammar_cache_dir()
         self.constraints = Constraints(self.tokenizer, grammar_dir, limits, self.faults)
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
@@ -181,8 +174,7 @@ class Engine:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools)
 
     def shutdown(self) -> None:
-        """Abort what is still running, stop the engine thread and the tensor-parallel
-        workers."""
+        """Abort what is still running, stop the engine thread and any TP workers."""
         if self._thread.is_alive():
             self._inbox.put(Stop())
             self._thread.join()
@@ -391,8 +383,7 @@ class Engine:
                 self._apply(AbortRequest(req.rid, "the caller's event loop closed"))
 
     def _on_rank_lost(self, message: str) -> None:
-        """Refuse new requests and fail every one in flight (from the engine thread, or the
-        tensor-parallel watchdog's, which hands the aborts to the engine thread)."""
+        """Refuse new requests, fail all in flight (the watchdog hands it to the loop)."""
         self.unavailable = message
         if threading.current_thread() is self._thread:
             self._abort_all(f"engine error: {message}")

@@ -140,3 +140,18 @@ def test_workers_exit_when_the_engine_process_is_killed(tiny_llama_dir, tmp_path
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.slow
+def test_smollm2_tp3_equals_tp1():
+    """SmolLM2-135M has 9 query and 3 KV heads: tp_size 3 divides it, 2 does not."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,",
+               "Water boils at", "The best way to learn"]  # fmt: skip
+    sp = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    outs = []
+    for tp in (1, 3):
+        with Engine("smollm2-135m", dtype="float32", tp_size=tp, max_total_tokens=2048) as e:
+            outs.append([o["output_ids"] for o in e.generate(prompts, sp)])
+    assert outs[0] == outs[1]
+    with pytest.raises(ValueError, match="num_attention_heads=9"):
+        Engine("smollm2-135m", dtype="float32", tp_size=2)
