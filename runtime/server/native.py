@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..constrained.spec import constraint_regex
 from .errors import APIError
+from .sglang_fields import accept_sglang_fields
 from .state import ServerState
 
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -55,9 +56,11 @@ class SamplingParamsIn(BaseModel):
 
 
 class GenerateIn(BaseModel):
-    """POST /generate: exactly one of text / input_ids, each single or a list (a batch)."""
+    """POST /generate: exactly one of text / input_ids, each single or a list (a batch).
+    Other fields of SGLang's GenerateReqInput pass when they ask for nothing
+    (sglang_fields.py)."""
 
-    model_config = STRICT
+    model_config = ConfigDict(extra="allow", strict=True)
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SamplingParamsIn | list[SamplingParamsIn] | None = None
@@ -132,6 +135,8 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     """The engine request dict for `body` (prompts as token ids, rids assigned) and the rids
     the engine will use."""
     req = body.model_dump(exclude_none=True)
+    for name in accept_sglang_fields(body.model_extra or {}):
+        req.pop(name, None)
     is_batch = isinstance(body.text, list) or (
         isinstance(body.input_ids, list)
         and bool(body.input_ids)

@@ -106,9 +106,13 @@ async def server_info(request: Request) -> dict[str, Any]:
 
 
 @router.get("/health", tags=["native"])
-async def health() -> dict[str, str]:
-    """The server answers (use /health_generate to check the engine too)."""
-    return {"status": "ok"}
+async def health(request: Request) -> JSONResponse:
+    """The server answers, and the engine takes requests (503 once it cannot, e.g. a lost
+    tensor-parallel rank); /health_generate checks that it generates too."""
+    unavailable = get_state(request).engine.unavailable
+    if unavailable is not None:
+        return JSONResponse(error_dict(503, unavailable), 503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/health_generate", tags=["native"])
