@@ -19,7 +19,7 @@ CRITERIA = ["correctness", "helpfulness", "clarity"]
 PAIRS = [
     (
         "Why is the sky blue?",
-        "Air molecules scatter blue sunlight more than red light, so blue reaches us from all over.",
+        "Air scatters blue sunlight more than red light, so blue reaches us from all over.",
         "Because the ocean reflects onto it.",
     ),
     (
