@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> None:
             rows = bench_program(name, backends, args)
             print_table(rows, columns)
             plot_program(name, rows, RESULTS_DIR / f"agents_{name}.png")
+            append_results("agents", rows)  # per program, so an interrupted run keeps them
             all_rows += rows
-    print("appended to", append_results("agents", all_rows))
     table = ratio_table(all_rows)
     (RESULTS_DIR / "agents_table.md").write_text(table)
     print(table)
