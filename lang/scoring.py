@@ -23,6 +23,9 @@ from .requests import as_responses, warm_request
 def score_select(ctx: RunContext, text: str, node: Select) -> tuple[str, dict[str, Any]]:
     """The chosen choice and the select's meta info (every score the method computed)."""
     backend = ctx.require_backend()
+    select_choice = getattr(backend, "select_choice", None)
+    if callable(select_choice):  # a backend without token ids chooses its own way (OpenAI)
+        return select_choice(text, node.choices, node.method)
     prefix_ids = list(backend.tokenize(text))
     empty_ids = ctx.tokenize_cached("")
     choice_ids = [choice_tokens(ctx, choice, empty_ids) for choice in node.choices]
