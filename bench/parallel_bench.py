@@ -1,8 +1,9 @@
 """Tensor and data parallelism on this machine.
 
-tp: the same decode workload (8 requests, ~40-token prompts, 32 new tokens, greedy) at tp_size 1
-and 3 (SmolLM2-135M has 9 query and 3 KV heads, so 2 does not divide it); seconds per engine step, all-reduces and gathers per step, and memory per rank
-(weights and KV pool bytes of rank 0's shard, RSS of every rank's process).
+tp: the same decode workload (8 requests, ~40-token prompts, 32 new tokens, greedy) at tp_size
+1 and 3 (SmolLM2-135M has 9 query and 3 KV heads, so 2 does not divide it); seconds per engine
+step, all-reduces and gathers per step, and memory per rank (weights and KV pool bytes of rank
+0's shard, RSS of every rank's process).
 dp: 4 shared prefixes x 8 requests through `stemma serve --dp-size 2` (sglang-router,
 cache_aware) and through one `stemma serve`; every response checked, cache-hit share and
 throughput of each.
@@ -49,7 +50,11 @@ def bench_tp(model: str, dtype: str, steps_rounds: int, sizes: list[int]) -> lis
             times = []
             for _ in range(steps_rounds):
                 engine.flush_cache()
-                m0, ar0, g0 = engine.get_metrics()["num_steps"], group.num_all_reduce, group.num_gather
+                m0, ar0, g0 = (
+                    engine.get_metrics()["num_steps"],
+                    group.num_all_reduce,
+                    group.num_gather,
+                )
                 t0 = time.perf_counter()
                 outs = engine.generate(prompts, sp)
                 times.append(time.perf_counter() - t0)
@@ -119,9 +124,16 @@ def bench_dp(model: str, port: int) -> list[dict[str, Any]]:
         finally:
             proc.terminate()
             proc.wait(120)
-        rows.append({"bench": "dp", "model": model, "dp_size": dp,
-                     "front": "sglang-router 0.3.2 cache_aware" if dp > 1 else "one server",
-                     "workload": "4 prefixes x 8 requests, 8 concurrent, 8 new tokens", **row})
+        rows.append(
+            {
+                "bench": "dp",
+                "model": model,
+                "dp_size": dp,
+                "front": "sglang-router 0.3.2 cache_aware" if dp > 1 else "one server",
+                "workload": "4 prefixes x 8 requests, 8 concurrent, 8 new tokens",
+                **row,
+            }
+        )
     rows[1]["throughput_vs_one"] = rows[1]["req_per_s"] / rows[0]["req_per_s"]
     rows[1]["hit_share_vs_one"] = rows[1]["cache_hit_share"] - rows[0]["cache_hit_share"]
     return rows
@@ -136,7 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=31500)
     ap.add_argument("--tp-sizes", default="1,3", help="SmolLM2-135M: 9 heads, 3 KV heads")
     args = ap.parse_args(argv)
-    rows = bench_tp(args.model, args.dtype, args.rounds, [int(x) for x in args.tp_sizes.split(",")]) if args.part == "tp" else bench_dp(args.model, args.port)
+    rows = (
+        bench_tp(args.model, args.dtype, args.rounds, [int(x) for x in args.tp_sizes.split(",")])
+        if args.part == "tp"
+        else bench_dp(args.model, args.port)
+    )
     append_results("parallel_bench", rows)
     print_table(rows, [k for k in rows[-1] if not isinstance(rows[-1][k], list)])
 

@@ -91,7 +91,9 @@ class EngineConfig:
         if self.tp_size % self.nnodes:
             raise ValueError(f"nnodes={self.nnodes} does not divide tp_size={self.tp_size}")
         if self.nnodes > 1:
-            raise ValueError("nnodes > 1 is not supported yet: all tp_size ranks run on one machine")
+            raise ValueError(
+                "nnodes > 1 is not supported yet: all tp_size ranks run on one machine"
+            )
         if self.dist_timeout_s <= 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
         if self.tp_size > 1 and self.quantization is not None:

@@ -12,8 +12,8 @@ import torch
 
 from ..config import EngineConfig
 from ..faults import Faults, InjectedFault
-from ..models.layers import can_pack_weights
 from ..models.decoder import DecoderForCausalLM
+from ..models.layers import can_pack_weights
 from ..models.loader import LoadedModel
 from .attention import make_attention_backend
 from .forward_batch import ForwardBatch

@@ -69,7 +69,9 @@ class TensorParallel:
         per_node = self.size // cfg.nnodes
         self.procs = {
             rank: ctx.Process(
-                target=run_worker, args=(rank, spec, self.heartbeats), daemon=True,
+                target=run_worker,
+                args=(rank, spec, self.heartbeats),
+                daemon=True,
                 name=f"stemma-tp{rank}",
             )  # fmt: skip
             for rank in range(1, per_node)
@@ -113,7 +115,9 @@ class TensorParallel:
             if p.exitcode is not None:
                 why.append(f"rank {rank} died (exit code {p.exitcode})")
             elif now - self.heartbeats[rank] > 4 * HEARTBEAT_S:
-                why.append(f"rank {rank} hung (no heartbeat for {now - self.heartbeats[rank]:.1f} s)")
+                why.append(
+                    f"rank {rank} hung (no heartbeat for {now - self.heartbeats[rank]:.1f} s)"
+                )
         if not why:
             detail = f": {str(error).splitlines()[0][:200]}" if error else ""
             why.append(f"a rank of {self.size} stopped answering{detail}")
@@ -155,13 +159,15 @@ class TensorParallel:
         while pending:
             for rank in sorted(pending):
                 if self.store.check([f"error/{rank}"]):
-                    raise RuntimeError(f"tensor-parallel rank {rank} failed to {what}: "
-                                       + self.store.get(f"error/{rank}").decode())  # fmt: skip
+                    error = self.store.get(f"error/{rank}").decode()
+                    raise RuntimeError(f"tensor-parallel rank {rank} failed to {what}: {error}")
                 if self.store.check([f"{prefix}/{rank}"]):
                     pending.discard(rank)
-                elif self.procs[rank].exitcode is not None:
-                    raise RuntimeError(f"tensor-parallel rank {rank} exited with code "
-                                       f"{self.procs[rank].exitcode} before it could {what}")  # fmt: skip
+                elif (code := self.procs[rank].exitcode) is not None:
+                    raise RuntimeError(
+                        f"tensor-parallel rank {rank} exited with code {code} before it "
+                        f"could {what}"
+                    )
             time.sleep(0.02)
 
     def _watch(self) -> None:

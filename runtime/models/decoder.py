@@ -160,9 +160,7 @@ class DecoderForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(
             lay.vocab_shard, cfg.hidden_size, dtype, tp, lay.vocab_start
         )
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype, tp) for i in range(cfg.num_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = make_norm(cfg, cfg.hidden_size, dtype)
         # One RoPE table per layer type with its own parameters (Gemma 3: local and global).
         rope = cfg.rope_parameters or {"full_attention": {"rope_theta": cfg.rope_theta}}

@@ -59,7 +59,16 @@ def serve_dp(worker_argv: list[str], dp_size: int, host: str, port: int) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for p in ports:
-            cmd = [sys.executable, "-m", "stemma", "serve", *worker_argv, *threads, "--port", str(p)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "stemma",
+                "serve",
+                *worker_argv,
+                *threads,
+                "--port",
+                str(p),
+            ]
             procs.append(subprocess.Popen(cmd))
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         for url, proc in zip(urls, procs):

@@ -162,6 +162,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(HTTPException, on_http)
+
     async def on_unavailable(request: Request, exc: Exception) -> JSONResponse:
         return error_response(503, str(exc))  # refused (a lost tensor-parallel rank), not a crash
 

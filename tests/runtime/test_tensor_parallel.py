@@ -42,7 +42,9 @@ def engines(model_dir):
     assert all(_gone(pid) for pid in tp2.tp.pids.values())  # shutdown leaves no process
 
 
-def test_batch_with_chunked_prefill_and_cache_hit_match_hf(engines, model_dir, hf_ref, make_prompts):
+def test_batch_with_chunked_prefill_and_cache_hit_match_hf(
+    engines, model_dir, hf_ref, make_prompts
+):
     _, tp2 = engines
     prompts = make_prompts([5, 40, 2, 17], 384, 3)  # 40 tokens: three chunks of 16
     outs = tp2.generate(input_ids=prompts, sampling_params=GREEDY)
@@ -68,7 +70,9 @@ def test_constrained_and_logprobs_equal_tp1(engines, model_dir, hf_ref, make_pro
     assert re.fullmatch(pattern, b["text"])
     assert b["output_ids"] == a["output_ids"]
     lp1, lp2 = a["meta_info"], b["meta_info"]
-    assert [t[1] for t in lp2["output_top_logprobs"][0]] == [t[1] for t in lp1["output_top_logprobs"][0]]
+    assert [t[1] for t in lp2["output_top_logprobs"][0]] == [
+        t[1] for t in lp1["output_top_logprobs"][0]
+    ]
     got = [t[0] for t in lp2["input_token_logprobs"][1:]]
     assert got == pytest.approx(hf_ref.prompt_logprobs(model_dir, prompt), abs=1e-9)
     out1 = [t[0] for t in lp1["output_token_logprobs"]]
@@ -124,7 +128,8 @@ def test_workers_exit_when_the_engine_process_is_killed(tiny_llama_dir, tmp_path
         "import time\n"
         "from stemma.runtime.engine import Engine\n"
         "if __name__ == '__main__':\n"
-        f"    e = Engine({str(tiny_llama_dir)!r}, tp_size=2, dtype='float64', max_total_tokens=256)\n"
+        f"    e = Engine({str(tiny_llama_dir)!r}, tp_size=2, dtype='float64',\n"
+        "               max_total_tokens=256)\n"
         "    print(*e.tp.pids.values(), flush=True)\n"
         "    time.sleep(60)\n"
     )

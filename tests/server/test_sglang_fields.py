@@ -30,7 +30,9 @@ def client(server):
 
 def test_router_fields_at_defaults_are_accepted(client, server):
     sp = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-    r = client.post("/generate", json={"text": "def add(a, b):", "sampling_params": sp, **ROUTER_FIELDS})
+    r = client.post(
+        "/generate", json={"text": "def add(a, b):", "sampling_params": sp, **ROUTER_FIELDS}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["output_ids"] == server.engine.generate("def add(a, b):", sp)["output_ids"]
 
