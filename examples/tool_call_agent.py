@@ -85,6 +85,20 @@ def tool_agent(s, question: str) -> None:
     s += assistant(gen("answer", max_tokens=64, temperature=0.0))
 
 
+def workload(num: int) -> list[dict[str, Any]]:
+    """`num` questions, alternating arithmetic and capitals."""
+    countries = [name.capitalize() for name in CAPITALS]
+    return [
+        {"question": f"What is {12 + i} times {7 + i % 5}?"}
+        if i % 2 == 0
+        else {"question": f"What is the capital city of {countries[(i // 2) % 4]}? ({i})"}
+        for i in range(num)
+    ]
+
+
+PROGRAM = tool_agent
+
+
 def run_example(backend: Backend, question: str = QUESTION) -> dict[str, Any]:
     state = tool_agent.run(question=question, backend=backend)
     return {"call": json.loads(state["call"]), "result": state["result"], "answer": state["answer"]}

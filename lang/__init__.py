@@ -31,6 +31,7 @@ from .ir import (
     user_begin,
     user_end,
 )
+from .openai_backend import OpenAI
 from .program import Program, function
 from .sampling import SamplingParams
 from .state import ProgramState, ProgramStateGroup
@@ -47,6 +48,7 @@ __all__: list[str] = [
     "ChatTemplate",
     "ChoicesDecision",
     "ChoicesSamplingMethod",
+    "OpenAI",
     "Program",
     "ProgramState",
     "ProgramStateGroup",

@@ -36,6 +36,11 @@ class ChatTemplate:
             roles[role] = (markers[0], markers[1])
         return cls(roles=roles, default_system_prompt=data.get("default_system_prompt"))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The backend's `get_chat_template()` form of this template."""
+        roles = {role: list(markers) for role, markers in self.roles.items()}
+        return {"roles": roles, "default_system_prompt": self.default_system_prompt}
+
     def markers(self, role: str) -> tuple[str, str]:
         """(prefix, suffix) of `role`."""
         if role not in self.roles:

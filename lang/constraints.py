@@ -48,19 +48,18 @@ def dtype_regex(dtype: Any) -> str:
 
 
 def parse_value(text: str, dtype: type | None) -> Any:
-    """The captured value of a gen: `text` itself, or parsed to `dtype`."""
-    if dtype is None:
+    """The captured value of a gen: `text` itself, or parsed to `dtype`.
+
+    A str gen keeps its text as generated, quotes included, as SGLang's does: the text may be
+    cut by max_tokens or a stop string, and it is what a JSON template around it needs.
+    """
+    if dtype is None or dtype is str:
         return text
     try:
         if dtype is bool:
             if text not in ("True", "False"):
                 raise ValueError(text)
             return text == "True"
-        if dtype is str:
-            value = json.loads(text)
-            if not isinstance(value, str):
-                raise ValueError(text)
-            return value
         return dtype(text)
     except ValueError as err:
         raise ValueError(f"generated text {text!r} is not a valid {dtype.__name__}") from err

@@ -2,6 +2,8 @@
 
 Standard library only (urllib). Streaming reads server-sent events `data: {...}` until
 `data: [DONE]`. An HTTP error raises BackendError carrying the server's JSON error message.
+The chat template is `chat_template_name`'s if given, else the server's own (stemma sends it in
+/get_model_info), else the one the model path implies, as SGLang's client picks it.
 """
 
 from __future__ import annotations
@@ -14,17 +16,27 @@ from collections.abc import Iterator
 from typing import Any
 
 from .backend import BackendError
+from .named_templates import template_by_name, template_name_for_model_path
 
 
 class RuntimeEndpoint:
     """A Backend that talks to `url` (e.g. "http://localhost:30000")."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        chat_template_name: str | None = None,
+    ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        self.chat_template_name = chat_template_name
+        if chat_template_name is not None:
+            template_by_name(chat_template_name)  # an unknown name fails here, not mid-program
         self._model_info: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
@@ -55,10 +67,21 @@ class RuntimeEndpoint:
             return self._model_info
 
     def get_chat_template(self) -> dict[str, Any] | None:
-        return self.get_model_info().get("chat_template")
+        if self.chat_template_name is not None:
+            return template_by_name(self.chat_template_name).to_dict()
+        info = self.get_model_info()
+        if info.get("chat_template"):
+            template: dict[str, Any] = info["chat_template"]
+            return template
+        name = template_name_for_model_path(str(info.get("model_path", "")))
+        return template_by_name(name).to_dict()
+
+    def get_model_name(self) -> str:
+        """The server's model path (SGLang's RuntimeEndpoint.get_model_name)."""
+        return str(self.get_model_info()["model_path"])
 
     def tokenize(self, text: str) -> list[int]:
-        return list(self._post_json("/tokenize", {"text": text})["tokens"])
+        return list(self._post_json("/tokenize", {"prompt": text})["tokens"])
 
     def flush_cache(self) -> None:
         self._request("POST", "/flush_cache", None, expect_json=False)

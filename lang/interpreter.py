@@ -87,6 +87,13 @@ class Interpreter:
             self._cond.wait_for(lambda: self.var_ready(name))
             return self._read(self.variables, name)
 
+    def has_var(self, name: str) -> bool:
+        """Whether `name` is set, once queued work that sets it has run (never raises)."""
+        self.stop_if_tracing()
+        with self._cond:
+            self._cond.wait_for(lambda: self.var_ready(name))
+            return name in self.variables
+
     def get_meta_info(self, name: str) -> Any:
         self.stop_if_tracing()
         with self._cond:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .choices import ChoicesSamplingMethod, token_length_normalized
-from .constraints import choices_regex, dtype_regex, schema_to_json
+from .constraints import dtype_regex, schema_to_json
 from .sampling import SamplingParams
 
 
@@ -45,6 +45,7 @@ class Select(Expr):
     name: str | None
     choices: list[str]
     method: ChoicesSamplingMethod
+    temperature: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -118,6 +119,7 @@ def gen(
     min_tokens: int | None = None,
     stop: str | Sequence[str] | None = None,
     stop_token_ids: Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -128,25 +130,42 @@ def gen(
     regex: str | None = None,
     json_schema: Any = None,
     choices: Sequence[str] | None = None,
-    dtype: type | None = None,
+    dtype: type | str | None = None,
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
     return_text_in_logprobs: bool | None = None,
     n: int | None = None,
-) -> Gen:
+    choices_method: ChoicesSamplingMethod | None = None,
+) -> Gen | Select:
     """Generate text and capture it as `name` (a list of n texts when n > 1).
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model class),
-    `choices` (constrained to exactly one of the strings) or `dtype` (int, float, bool, str; the
-    captured value is parsed to that type). Unset options take the program-level defaults.
+    `choices` or `dtype`. With `choices` this is `select(name, choices, temperature,
+    choices_method)`, as in SGLang: each choice is scored, none generated. `dtype` int, float or
+    bool (or their names) captures the value parsed to that type; str captures the generated
+    quoted string as its raw text, quotes included (SGLang's behaviour). Unset options take the
+    program-level defaults.
     """
     _check_name(name)
+    if choices is not None:
+        given = {"regex": regex, "json_schema": json_schema, "dtype": dtype}
+        named = [key for key, value in given.items() if value is not None]
+        if named:
+            raise ValueError(
+                f"gen takes at most one of regex/json_schema/choices/dtype, got {named}"
+            )
+        method = token_length_normalized if choices_method is None else choices_method
+        return select(name, choices, temperature or 0.0, method)
+    if choices_method is not None:
+        raise ValueError("gen's choices_method needs choices")
+    dtype = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
     params = SamplingParams(
         max_new_tokens=max_tokens,
         min_new_tokens=min_tokens,
         stop=_stop_strings(stop),
         stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
+        stop_regex=_stop_strings(stop_regex),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -155,7 +174,7 @@ def gen(
         presence_penalty=presence_penalty,
         ignore_eos=ignore_eos,
         n=n,
-        regex=_constraint_regex(regex, json_schema, choices, dtype),
+        regex=_constraint_regex(regex, json_schema, dtype),
         json_schema=None if json_schema is None else schema_to_json(json_schema),
         return_logprob=return_logprob,
         logprob_start_len=logprob_start_len,
@@ -165,24 +184,31 @@ def gen(
     return Gen(name=name, params=params, dtype=dtype)
 
 
+# SGLang also names the dtypes as strings.
+_DTYPE_NAMES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+
+
 def gen_int(name: str | None = None, **kwargs: Any) -> Gen:
     """gen(..., dtype=int): the captured value is an int."""
     return gen(name, dtype=int, **kwargs)
 
 
 def gen_string(name: str | None = None, **kwargs: Any) -> Gen:
-    """gen(..., dtype=str): a JSON string literal, captured as the str it denotes."""
+    """gen(..., dtype=str): a quoted string, captured as generated (quotes included)."""
     return gen(name, dtype=str, **kwargs)
 
 
 def select(
     name: str | None = None,
     choices: Sequence[str] | None = None,
+    temperature: float = 0.0,
     choices_method: ChoicesSamplingMethod = token_length_normalized,
 ) -> Select:
     """Append the choice the model scores highest, capturing it as `name`.
 
     Each choice is scored by the logprobs of exactly its own tokens after the prefix.
+    `temperature` is SGLang's argument: 0 picks the choices method's decision; above 0 the
+    choice is sampled from the softmax of the normalized logprobs over the temperature.
     """
     _check_name(name)
     if choices is None or isinstance(choices, str) or not isinstance(choices, Sequence):
@@ -191,19 +217,17 @@ def select(
         raise ValueError(f"select needs choices as a non-empty list of non-empty str: {choices!r}")
     if not isinstance(choices_method, ChoicesSamplingMethod):
         raise TypeError(f"choices_method must be a ChoicesSamplingMethod, got {choices_method!r}")
-    return Select(name=name, choices=list(choices), method=choices_method)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+        raise ValueError(f"select temperature must be a number >= 0, got {temperature!r}")
+    return Select(name, list(choices), choices_method, float(temperature))
 
 
-def _constraint_regex(
-    regex: str | None, json_schema: Any, choices: Sequence[str] | None, dtype: type | None
-) -> str | None:
+def _constraint_regex(regex: str | None, json_schema: Any, dtype: Any) -> str | None:
     """The regex the constraint implies (a JSON schema travels as itself); at most one given."""
-    given = {"regex": regex, "json_schema": json_schema, "choices": choices, "dtype": dtype}
+    given = {"regex": regex, "json_schema": json_schema, "dtype": dtype}
     named = [key for key, value in given.items() if value is not None]
     if len(named) > 1:
         raise ValueError(f"gen takes at most one of regex/json_schema/choices/dtype, got {named}")
-    if choices is not None:
-        return choices_regex(choices)
     if dtype is not None:
         return dtype_regex(dtype)
     return regex

@@ -14,8 +14,8 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .backend import Backend, get_default_backend, resolve_backend
@@ -36,7 +36,12 @@ _PER_GEN_ONLY = frozenset({"regex", "json_schema"})
 class Program:
     """A function `f(s, ...)` made runnable: `f.run(...)`, `f.run_batch([...])`, `s += f(...)`."""
 
-    def __init__(self, func: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_api_spec_tokens: int | None = None,
+        bound: dict[str, Any] | None = None,
+    ) -> None:
         if not callable(func):
             raise TypeError(f"@function decorates a function, got {func!r}")
         params = list(inspect.signature(func).parameters.values())
@@ -46,6 +51,9 @@ class Program:
         self.func = func
         self.is_async = inspect.iscoroutinefunction(func)
         self._params = params[1:]
+        # SGLang's speculative API calls for chat APIs; no effect on a radix-cached runtime.
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bound: dict[str, Any] = dict(bound or {})
         functools.update_wrapper(self, func)
         self.__name__: str = getattr(func, "__name__", type(func).__name__)
 
@@ -53,10 +61,25 @@ class Program:
         """`f(s, ...)`: run the body on `s`. Inside a program, `f(...)`: a call for `s += f(...)`.
         Elsewhere `f(...)` is `f.run(...)`, as in SGLang."""
         if args and isinstance(args[0], ProgramState):
-            return self.func(*args, **kwargs)
+            return self.func(*args, **{**self.bound, **kwargs})
         if in_program.get():
-            return ProgramCall(self, args, kwargs)
+            return ProgramCall(self, args, {**self.bound, **kwargs})
         return self.run(*args, **kwargs)
+
+    def bind(self, **kwargs: Any) -> Program:
+        """A copy of this program with some arguments fixed (SGLang's `SglFunction.bind`)."""
+        names = {p.name for p in self._params}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(
+                f"{self.__name__} has no parameter(s) {unknown}; it has {sorted(names)}"
+            )
+        return Program(self.func, self.num_api_spec_tokens, {**self.bound, **kwargs})
+
+    def cache(self, backend: Backend | None = None) -> str:
+        """Prefill this program's constant prefix (traced with the bound arguments) into the
+        runtime's prefix cache, so later runs start with a cache hit; returns the prefix."""
+        return self._warm_prefix(resolve_backend(backend))
 
     def call_inline(
         self, state: ProgramState, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -72,11 +95,17 @@ class Program:
         return asyncio.run(self.func(state, *args, **kwargs))
 
     def run(
-        self, *args: Any, backend: Backend | None = None, stream: bool = False, **kwargs: Any
+        self,
+        *args: Any,
+        backend: Backend | None = None,
+        stream: bool = False,
+        use_thread: bool = True,
+        **kwargs: Any,
     ) -> ProgramState:
         """Run once and return the state when the body returns (its last gens may still run;
         reading the state waits for them). With stream=True the body runs on its own thread
-        and the state returns at once, for `text_iter`."""
+        and the state returns at once, for `text_iter`. `use_thread` is SGLang's and has no
+        effect (a state's requests always run off the program's thread)."""
         program_kwargs, defaults = self._split_kwargs(kwargs)
         if self.is_async and not stream and _has_running_loop():
             raise TypeError(f"inside an event loop, use `await {self.__name__}.run_async(...)`")
@@ -113,35 +142,65 @@ class Program:
 
     def run_batch(
         self,
-        batch_kwargs: Sequence[dict[str, Any]],
+        batch_kwargs: Sequence[dict[str, Any] | Sequence[Any]],
         *,
         backend: Backend | None = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
+        generator_style: bool = False,
         **defaults: Any,
-    ) -> list[ProgramState]:
-        """Run once per kwargs dict, concurrently; the states come back in input order, each
-        finished. A failing item does not stop the others: its state holds the error."""
-        items = _check_batch(batch_kwargs)
+    ) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run once per item (a kwargs dict, or a list of positional arguments), concurrently;
+        the states come back in input order, each finished. A failing item does not stop the
+        others: its state holds the error. With generator_style=True an iterator yields each
+        state, in input order, as soon as it and those before it are done."""
+        items = [self._batch_item(item, i) for i, item in enumerate(_check_batch(batch_kwargs))]
         ctx = RunContext(resolve_backend(backend), _sampling_defaults(defaults))
         if len(items) > 1:
-            self._warm_prefix(ctx)
+            self._warm_prefix(ctx.backend)
+        if generator_style:
+            return self._run_batch_iter(ctx, items, num_threads, progress_bar)
+        return list(self._run_batch_iter(ctx, items, num_threads, progress_bar))
+
+    def _run_batch_iter(
+        self,
+        ctx: RunContext,
+        items: list[dict[str, Any]],
+        num_threads: int | str,
+        progress_bar: bool,
+    ) -> Iterator[ProgramState]:
         bar = _progress_bar(len(items)) if progress_bar else None
         try:
             with ThreadPoolExecutor(_num_workers(num_threads, len(items))) as pool:
                 futures = [pool.submit(self._run_item, ctx, item) for item in items]
-                for _ in as_completed(futures):
-                    if bar is not None:
-                        bar.update(1)
+                if bar is not None:
+                    for future in futures:
+                        future.add_done_callback(lambda _: bar.update(1))
+                for future in futures:
+                    yield future.result()
         finally:
             if bar is not None:
                 bar.close()
-        return [future.result() for future in futures]
+
+    def _batch_item(self, item: dict[str, Any] | Sequence[Any], i: int) -> dict[str, Any]:
+        """A run_batch item as keyword arguments (positional lists map onto the parameters)."""
+        if isinstance(item, dict):
+            return {**self.bound, **item}
+        names = [p.name for p in self._params if p.kind is not p.KEYWORD_ONLY]
+        names = [n for n in names if n not in self.bound]
+        required = sum(1 for p in self._params if p.name in names and p.default is p.empty)
+        if not required <= len(item) <= len(names):
+            raise TypeError(
+                f"run_batch item {i} has {len(item)} positional arguments; "
+                f"{self.__name__} takes {required} to {len(names)} ({names})"
+            )
+        return {**self.bound, **dict(zip(names, item))}
 
     def trace(self, *, backend: Backend | None = None, **kwargs: Any) -> str:
         """The constant text this program starts with (up to its first gen, select, fork or
         argument-dependent part); arguments not in `kwargs` are symbolic."""
-        return trace_prefix(self, backend if backend is not None else get_default_backend(), kwargs)
+        chosen = backend if backend is not None else get_default_backend()
+        return trace_prefix(self, chosen, {**self.bound, **kwargs})
 
     def _run_body(
         self, state: ProgramState, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -165,22 +224,24 @@ class Program:
         state._interp.wait_idle()
         return state
 
-    def _warm_prefix(self, ctx: RunContext) -> None:
-        """Prefill the batch's shared constant prefix once, before the items race for it."""
-        backend = resolve_backend(ctx.backend)
+    def _warm_prefix(self, backend: Backend | None) -> str:
+        """Prefill the program's constant prefix once (before a batch's items race for it);
+        returns the prefix."""
+        backend = resolve_backend(backend)
         try:
-            prefix = trace_prefix(self, backend, {})
+            prefix = trace_prefix(self, backend, dict(self.bound))
         except Exception as err:  # an untraceable body still runs; its errors surface per item
             logger.debug("no shared prefix traced for %s: %r", self.__name__, err)
-            return
+            return ""
         if prefix:
             as_responses(backend.generate(warm_request(prefix)), 1)
+        return prefix
 
     def _split_kwargs(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], SamplingParams]:
         """Program arguments vs program-level sampling defaults among run()'s kwargs."""
         names = {p.name for p in self._params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
         takes_any = any(p.kind is p.VAR_KEYWORD for p in self._params)
-        program_kwargs, sampling = {}, {}
+        program_kwargs, sampling = dict(self.bound), {}
         for key, value in kwargs.items():
             if key in names or (takes_any and key not in SAMPLING_FIELD_NAMES):
                 program_kwargs[key] = value
@@ -192,11 +253,14 @@ class Program:
         return f"<stemma program {self.__name__}>"
 
 
-def function(func: Callable[..., Any] | None = None) -> Any:
-    """Decorator making `func(s, ...)` a Program (also usable as `@function()`)."""
+def function(
+    func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None
+) -> Any:
+    """Decorator making `func(s, ...)` a Program (also usable as `@function()` and, as in SGLang,
+    `@function(num_api_spec_tokens=N)`, which has no effect here)."""
     if func is None:
-        return Program
-    return Program(func)
+        return functools.partial(Program, num_api_spec_tokens=num_api_spec_tokens)
+    return Program(func, num_api_spec_tokens)
 
 
 def _sampling_defaults(values: dict[str, Any]) -> SamplingParams:
@@ -212,13 +276,16 @@ def _sampling_defaults(values: dict[str, Any]) -> SamplingParams:
     return SamplingParams(**{"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **values})
 
 
-def _check_batch(batch_kwargs: Any) -> list[dict[str, Any]]:
+def _check_batch(batch_kwargs: Any) -> list[Any]:
     if isinstance(batch_kwargs, dict | str) or not isinstance(batch_kwargs, Sequence):
         kind = type(batch_kwargs).__name__
         raise TypeError(f"run_batch takes a list of kwargs dicts, got a {kind}")
     for i, item in enumerate(batch_kwargs):
-        if not isinstance(item, dict):
-            raise TypeError(f"run_batch item {i} must be a dict of arguments, got {item!r}")
+        if not isinstance(item, dict | list | tuple):
+            raise TypeError(
+                f"run_batch item {i} must be a dict of arguments or a list of positional "
+                f"arguments, got {item!r}"
+            )
     return list(batch_kwargs)
 
 

@@ -26,6 +26,7 @@ class SamplingParams:
     min_new_tokens: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -65,6 +66,7 @@ class SamplingParams:
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         _check_stop(self.stop)
+        _check_stop(self.stop_regex, "stop_regex")
         if self.stop_token_ids is not None and not (
             isinstance(self.stop_token_ids, list)
             and all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids)
@@ -132,8 +134,8 @@ def _check_float(
         raise ValueError(f"{name} must be in {bounds}, got {value}")
 
 
-def _check_stop(stop: Any) -> None:
+def _check_stop(stop: Any, name: str = "stop") -> None:
     if stop is None or isinstance(stop, str):
         return
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise TypeError(f"stop must be a str or a list of str, got {stop!r}")
+        raise TypeError(f"{name} must be a str or a list of str, got {stop!r}")

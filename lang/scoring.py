@@ -9,6 +9,8 @@ with the ids of `tokenize("")` (a BOS the runtime adds) removed from the front.
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
 from .backend import Backend, BackendError
@@ -21,6 +23,9 @@ from .requests import as_responses, warm_request
 def score_select(ctx: RunContext, text: str, node: Select) -> tuple[str, dict[str, Any]]:
     """The chosen choice and the select's meta info (every score the method computed)."""
     backend = ctx.require_backend()
+    select_choice = getattr(backend, "select_choice", None)
+    if callable(select_choice):  # a backend without token ids chooses its own way (OpenAI)
+        return select_choice(text, node.choices, node.method)
     prefix_ids = list(backend.tokenize(text))
     empty_ids = ctx.tokenize_cached("")
     choice_ids = [choice_tokens(ctx, choice, empty_ids) for choice in node.choices]
@@ -39,15 +44,26 @@ def score_select(ctx: RunContext, text: str, node: Select) -> tuple[str, dict[st
     )
     if decision.decision not in node.choices:
         raise ValueError(f"choices_method returned {decision.decision!r}, not one of the choices")
+    chosen = decision.decision
+    if node.temperature > 0:
+        normalized = [mean(logprob_values(e)) for e in conditional]
+        chosen = sample_choice(node.choices, normalized, node.temperature)
     meta = {
         **decision.meta_info,
         "choices": node.choices,
-        "decision": decision.decision,
+        "decision": chosen,
         "choice_token_ids": choice_ids,
         "prompt_tokens": len(prefix_ids),
         "cached_tokens": [r["meta_info"].get("cached_tokens") for r in responses],
     }
-    return decision.decision, meta
+    return chosen, meta
+
+
+def sample_choice(choices: list[str], scores: list[float], temperature: float) -> str:
+    """A choice drawn with probability softmax(scores / temperature)."""
+    top = max(scores)
+    weights = [math.exp((score - top) / temperature) for score in scores]
+    return random.choices(choices, weights=weights)[0]
 
 
 def choice_tokens(ctx: RunContext, choice: str, empty_ids: list[int]) -> list[int]:

@@ -48,6 +48,10 @@ class ProgramState:
     def __setitem__(self, name: str, value: Any) -> None:
         self._interp.set_var(name, value)
 
+    def __contains__(self, name: object) -> bool:
+        """Whether variable `name` is set (waits for queued work that sets it; never raises)."""
+        return isinstance(name, str) and self._interp.has_var(name)
+
     def get_var(self, name: str) -> Any:
         """The captured value of `name`, waiting for it if it is still being generated."""
         return self._interp.get_var(name)
@@ -77,11 +81,28 @@ class ProgramState:
         """The exception this state failed with, if any (never blocks, never raises)."""
         return self._interp.error
 
-    def fork(self, n: int) -> ProgramStateGroup:
-        """n branches starting from this state's text (prefilled on the runtime once)."""
+    def fork(
+        self, n: int = 1, position_ids_offset: Sequence[int] | None = None
+    ) -> ProgramStateGroup:
+        """n branches starting from this state's text (prefilled on the runtime once).
+
+        `position_ids_offset` is SGLang's argument (one int per branch); it is checked and has
+        no effect: every branch continues at its true positions.
+        """
+        _check_position_ids_offset(position_ids_offset, n)
         self._interp.prepare_fork(n)
         self._interp.sync()
         return ProgramStateGroup([ProgramState(i) for i in self._interp.spawn(n)], self)
+
+    @contextmanager
+    def copy(self, position_ids_offset: Sequence[int] | None = None) -> Iterator[ProgramState]:
+        """`with s.copy() as c:` a one-branch fork, joined (gather_variable) when the block ends:
+        variables new in `c` become one-item lists in `s`."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            group.join()
 
     def system(self, expr: Expr | str | None = None) -> Any:
         return self._role("system", expr)
@@ -164,6 +185,19 @@ class ProgramState:
         return f"ProgramState({self._interp.text!r})"
 
 
+def _check_position_ids_offset(offsets: Sequence[int] | None, n: int) -> None:
+    if offsets is None:
+        return
+    if (
+        isinstance(offsets, str)
+        or not isinstance(offsets, Sequence)
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    ):
+        raise TypeError(f"position_ids_offset must be a list of ints, got {offsets!r}")
+    if len(offsets) != n:
+        raise ValueError(f"position_ids_offset has {len(offsets)} entries for {n} branches")
+
+
 class ProgramStateGroup:
     """The branches of `s.fork(n)`; each is a ProgramState. `join()` brings results back."""
 
@@ -173,6 +207,11 @@ class ProgramStateGroup:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """What `forks[i] += x` stores back: the same branch (`+=` appends in place)."""
+        if value is not self.states[i]:
+            raise TypeError("a fork's branch cannot be replaced; append to it with `forks[i] += x`")
 
     def __len__(self) -> int:
         return len(self.states)

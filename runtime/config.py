@@ -33,6 +33,12 @@ class EngineConfig:
     random_seed: int = 0
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     enable_fault_injection: bool = False  # test-only switches (runtime/faults.py)
+    # Tensor parallelism (runtime/executor/tensor_parallel.py); SGLang's flag names.
+    tp_size: int = 1  # ranks; the engine's process is rank 0, the others are spawned workers
+    dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous; default loopback
+    nnodes: int = 1  # machines sharing the tp_size ranks
+    node_rank: int = 0  # this machine's place among them (0 runs the engine)
+    dist_timeout_s: float = 5.0  # a collective waiting longer fails: a rank died or hung
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -68,12 +74,30 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.grammar_timeout_s <= 0 or self.grammar_max_index_mb < 1:
             raise ValueError("grammar_timeout_s must be > 0 and grammar_max_index_mb >= 1")
+        self._check_parallel()
         for name in ("max_total_tokens", "context_length", "num_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 when set, got {value}")
         if self.chunked_prefill_size % self.page_size:
             raise ValueError("chunked_prefill_size must be a multiple of page_size")
+
+    def _check_parallel(self) -> None:
+        if self.tp_size < 1 or self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"need tp_size >= 1, nnodes >= 1 and 0 <= node_rank < nnodes; got tp_size="
+                f"{self.tp_size}, nnodes={self.nnodes}, node_rank={self.node_rank}"
+            )
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"nnodes={self.nnodes} does not divide tp_size={self.tp_size}")
+        if self.nnodes > 1:
+            raise ValueError(
+                "nnodes > 1 is not supported yet: all tp_size ranks run on one machine"
+            )
+        if self.dist_timeout_s <= 0:
+            raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+        if self.tp_size > 1 and self.quantization is not None:
+            raise ValueError("quantization with tp_size > 1 is not supported")
 
     @property
     def resolved_attention_backend(self) -> str:

@@ -20,12 +20,13 @@ from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .dtype_policy import plan_small_steps, resolve_dtype
-from .engine_state import EngineMetrics, Handle
+from .engine_state import EngineMetrics, EngineUnavailable, Handle
 from .executor.model_runner import ModelRunner
+from .executor.tensor_parallel import TensorParallel, WorkerLost
 from .faults import Faults
 from .inbox import AbortRequest, AddRequests, CallOnEngine, Command, Event, Stop
 from .io_struct import GenerateRequest
-from .models.loader import load_model
+from .models.loader import load_model, resolve_checkpoint
 from .response import ResponseBuilder, StreamText, final_text
 from .sampling.sampler import Sampler, SamplingState
 from .scheduler.output_processor import OutputProcessor
@@ -36,13 +37,37 @@ from .tokenizer import IncrementalDetokenizer
 log = logging.getLogger("stemma.engine")
 
 
+DEFAULT_MODEL = "smollm2-135m"
+
+
 class Engine:
-    def __init__(self, model: str = "smollm2-135m", **config: Any):
+    def __init__(self, model: str | None = None, *, model_path: str | None = None, **config: Any):
+        """`model` (or SGLang's name for it, `model_path`): a built-in name, HF directory or
+        GGUF file; the default is the built-in smollm2-135m."""
+        if model is not None and model_path is not None and model != model_path:
+            raise ValueError(f"got model={model!r} and model_path={model_path!r}; give one")
+        model = model or model_path or DEFAULT_MODEL
         self.config = cfg = EngineConfig.from_kwargs(model=model, **config)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        if cfg.num_threads or (cfg.tp_size > 1 and cfg.device == "cpu"):
+            torch.set_num_threads(cfg.num_threads or 1)  # one per rank: ranks share the cores
         self.dtype = resolve_dtype(cfg.dtype, cfg.device)
-        loaded = load_model(cfg.model, self.dtype.torch_dtype, cfg.device, cfg.cache_dir)
+        self.unavailable: str | None = None  # why new requests are refused, once they are
+        self.tp: TensorParallel | None = None
+        # A GGUF converts once, before any worker starts.
+        ckpt = resolve_checkpoint(cfg.model, Path(cfg.cache_dir) if cfg.cache_dir else None)
+        try:
+            if cfg.tp_size > 1:
+                self.tp = TensorParallel(cfg, str(ckpt), self.dtype.torch_dtype)
+            self._load(cfg, str(ckpt))
+        except BaseException:
+            if self.tp is not None:
+                self.tp.shutdown()
+            raise
+
+    def _load(self, cfg: EngineConfig, ckpt: str) -> None:
+        """Load rank 0's model (TP workers load theirs meanwhile), then start the loop."""
+        tp_group = self.tp.group if self.tp is not None else None
+        loaded = load_model(ckpt, self.dtype.torch_dtype, cfg.device, tp=tp_group)
         if cfg.quantization is None:
             mc, params = loaded.config, loaded.model.parameters()
             weight_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -54,18 +79,20 @@ class Engine:
             self.tokenizer.set_chat_template(cfg.chat_template)
         self.model_config = loaded.config
         self.faults = Faults(cfg.enable_fault_injection)
-        self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows, self.faults)
+        self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows, self.faults, self.tp)
+        if self.tp is not None:
+            self.tp.wait_ready(self.dtype.small_step_rows)
+            self.tp.on_lost = self._on_rank_lost
         self.vocab_size = loaded.config.vocab_size
         sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
         self.outputs = OutputProcessor(
             self.tokenizer, sampler, self.runner.context_len, cfg.enable_jump_forward
         )
-        grammar_dir = (
-            Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else default_grammar_cache_dir()
-        )
+        grammar_dir = Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else None
         limits = CompileLimits(
             timeout_s=cfg.grammar_timeout_s, max_index_bytes=cfg.grammar_max_index_mb << 20
         )
+        grammar_dir = grammar_dir or default_grammar_cache_dir()
         self.constraints = Constraints(self.tokenizer, grammar_dir, limits, self.faults)
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
@@ -118,6 +145,7 @@ class Engine:
         return {
             "model_path": self.config.model,
             "is_generation": True,
+            "tp_size": self.config.tp_size,
             "dtype": self.dtype.name,
             "dtype_reason": self.dtype.reason,
             "max_context_length": self.runner.context_len,
@@ -154,11 +182,13 @@ class Engine:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools)
 
     def shutdown(self) -> None:
-        """Abort what is still running and stop the engine thread."""
+        """Abort what is still running, stop the engine thread and any TP workers."""
         if self._thread.is_alive():
             self._inbox.put(Stop())
             self._thread.join()
         self.constraints.close()
+        if self.tp is not None:
+            self.tp.shutdown()
 
     def __enter__(self) -> Engine:
         return self
@@ -168,6 +198,8 @@ class Engine:
 
     # ---- caller side ----------------------------------------------------------------------
     def _prepare(self, text, input_ids, sampling_params, fields) -> tuple[GenerateRequest, list]:
+        if self.unavailable is not None:
+            raise EngineUnavailable(f"{self.unavailable}; the engine accepts no new requests")
         d = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params, **fields}
         request = GenerateRequest.from_dict({k: v for k, v in d.items() if v is not None})
         return request, [self._make_req(item) for item in request.items]
@@ -268,6 +300,9 @@ class Engine:
                 continue
             try:
                 advanced = self.scheduler.step()
+            except WorkerLost as e:  # the group is broken: nothing can run any more
+                self._on_rank_lost(str(e))
+                advanced = []
             except Exception as e:  # noqa: BLE001 - fail the batch's requests, keep serving
                 log.exception("engine step failed")
                 advanced = self._fail_batch(f"engine error: {type(e).__name__}: {e}")
@@ -311,8 +346,9 @@ class Engine:
         if isinstance(cmd, AddRequests):
             request, reqs, sink = cmd.request, cmd.reqs, cmd.sink
             for idx, req in enumerate(reqs):
-                if req.rid in self._handles:
-                    req.finish = FinishReason("abort", message=f"duplicate rid {req.rid!r}")
+                refused = self.unavailable or f"duplicate rid {req.rid!r}"
+                if self.unavailable or req.rid in self._handles:
+                    req.finish = FinishReason("abort", message=refused)
                     sink((idx, self.responses.build(req, ""), True))
                     continue
                 detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
@@ -353,6 +389,14 @@ class Engine:
             log.warning("request %s: caller went away; aborting it", req.rid)
             if req.finish is None:
                 self._apply(AbortRequest(req.rid, "the caller's event loop closed"))
+
+    def _on_rank_lost(self, message: str) -> None:
+        """Refuse new requests, fail all in flight (the watchdog hands it to the loop)."""
+        self.unavailable = message
+        if threading.current_thread() is self._thread:
+            self._abort_all(f"engine error: {message}")
+        else:
+            self._inbox.put(CallOnEngine(lambda: self._on_rank_lost(message), lambda _: None))
 
     def _fail_batch(self, message: str) -> list[Req]:
         batch = self.scheduler.last_batch

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 LATENCY_WINDOW = 10_000  # recent per-request latencies kept for percentiles
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine cannot serve any more requests (a tensor-parallel rank was lost)."""
+
+
 @dataclass(slots=True)
 class Handle:
     index: int  # the item's position in its request (batch order)

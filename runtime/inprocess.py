@@ -13,9 +13,19 @@ from .engine import Engine
 
 
 class Runtime:
-    def __init__(self, model: str = "smollm2-135m", *, engine: Engine | None = None, **config: Any):
-        """A Runtime over a new Engine(model, **config), or over an existing `engine`."""
-        self.engine = engine if engine is not None else Engine(model, **config)
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        model_path: str | None = None,
+        engine: Engine | None = None,
+        **config: Any,
+    ):
+        """A Runtime over a new Engine(model, **config) (`model_path` is SGLang's name for
+        `model`), or over an existing `engine`."""
+        if engine is None:
+            engine = Engine(model, model_path=model_path, **config)
+        self.engine = engine
 
     def generate(self, req: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
         return self.engine.generate(**req)

@@ -1,7 +1,9 @@
 """The /generate request at the edge: a dict (or kwargs) parsed into GenerateItems.
 
 Mirrors SGLang's GenerateReqInput: exactly one of text / input_ids, each single or a list
-(a batch); sampling_params a dict or a list of dicts; `n` > 1 fans one prompt out to n items.
+(a batch); sampling_params a dict or a list of dicts, and so are return_logprob,
+logprob_start_len and top_logprobs_num (one value per prompt); `n` > 1 fans one prompt out to
+n items.
 """
 
 from __future__ import annotations
@@ -53,9 +55,12 @@ class GenerateRequest:
         prompts, is_batch = _prompts(text, ids)
         params = _per_item(d.get("sampling_params"), len(prompts), "sampling_params")
         rids = _per_item(d.get("rid"), len(prompts), "rid")
-        logprob = _logprob_request(d)
+        if d.get("token_ids_logprob") is not None:
+            raise ValueError("token_ids_logprob is not supported yet; use top_logprobs_num")
+        logprobs = _logprob_requests(d, len(prompts))
         items = []
         for i, prompt in enumerate(prompts):
+            logprob = logprobs[i]
             sp = SamplingParams.from_dict(params[i])
             base = rids[i] if rids[i] is not None else uuid.uuid4().hex
             if not isinstance(base, str):
@@ -104,6 +109,18 @@ def _per_item(value: Any, num: int, name: str) -> list[Any]:
     return [value] * num
 
 
+_LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+
+
+def _logprob_requests(d: dict[str, Any], num: int) -> list[LogprobRequest]:
+    """One LogprobRequest per prompt; each logprob field is one value or one per prompt."""
+    per_field = {name: _per_item(d.get(name), num, name) for name in _LOGPROB_FIELDS}
+    return [
+        _logprob_request({**d, **{name: values[i] for name, values in per_field.items()}})
+        for i in range(num)
+    ]
+
+
 def _logprob_request(d: dict[str, Any]) -> LogprobRequest:
     lr = LogprobRequest(
         return_logprob=d.get("return_logprob") or False,
@@ -118,6 +135,4 @@ def _logprob_request(d: dict[str, Any]) -> LogprobRequest:
         v = getattr(lr, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
-    if d.get("token_ids_logprob") is not None:
-        raise ValueError("token_ids_logprob is not supported yet; use top_logprobs_num")
     return lr

@@ -67,7 +67,12 @@ def save_random_model(model, out: Path) -> Path:
 
 
 def build_tiny_checkpoint(
-    out: Path, arch: str = "llama", vocab_size: int = 384, tie: bool = False, seed: int = 0
+    out: Path,
+    arch: str = "llama",
+    vocab_size: int = 384,
+    tie: bool = False,
+    seed: int = 0,
+    num_kv_heads: int = 2,
 ) -> Path:
     """A tiny random model plus a byte-level BPE tokenizer trained on TINY_CORPUS."""
     import torch
@@ -79,7 +84,7 @@ def build_tiny_checkpoint(
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=num_kv_heads,
         max_position_embeddings=512,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tie,

@@ -18,6 +18,14 @@ class ForwardMode(enum.Enum):
     DECODE = "decode"  # every request adds exactly 1 token
     MIXED = "mixed"  # extends and decodes in one batch
 
+    @staticmethod
+    def of(prefix_lens: list[int], extend_lens: list[int]) -> ForwardMode:
+        if all(e == 1 for e in extend_lens):
+            return ForwardMode.DECODE
+        if any(e == 1 and p > 0 for e, p in zip(extend_lens, prefix_lens)):
+            return ForwardMode.MIXED
+        return ForwardMode.EXTEND
+
 
 @dataclass(slots=True)
 class ForwardBatch:
@@ -65,12 +73,7 @@ class ForwardBatch:
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         if any(e < 1 for e in extend_lens):
             raise ValueError("every request in a batch must add at least one token")
-        if all(e == 1 for e in extend_lens):
-            mode = ForwardMode.DECODE
-        elif any(e == 1 and p > 0 for e, p in zip(extend_lens, prefix_lens)):
-            mode = ForwardMode.MIXED
-        else:
-            mode = ForwardMode.EXTEND
+        mode = ForwardMode.of(prefix_lens, extend_lens)
         flat_ids = [t for ids in input_ids for t in ids]
         positions = [p + j for p, e in zip(prefix_lens, extend_lens) for j in range(e)]
         qo_indptr = [0]

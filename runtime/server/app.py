@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from ..config import EngineConfig
 from ..engine import Engine
+from .data_parallel import serve_dp
 from .debug import router as debug_router
 from .errors import install_error_handlers
 from .metrics import ServerMetrics
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model",
+        "--model-path",  # SGLang's name
+        dest="model",
         default="smollm2-135m",
         help="built-in name, HF directory or GGUF file (default: smollm2-135m)",
     )
@@ -127,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument(
+        "--dp-size",
+        type=int,
+        default=1,
+        help="data parallelism: N servers on --port + 1.. behind sglang-router (cache_aware)",
     )
     group = parser.add_argument_group("engine options (EngineConfig)")
     hints = get_type_hints(EngineConfig)
@@ -148,6 +157,9 @@ def main(argv: list[str]) -> int:
         EngineConfig.from_kwargs(model=args.model, **options)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
+    if args.dp_size > 1:
+        return serve_dp(_without(argv, ("--dp-size", "--port", "--host")), args.dp_size,
+                        args.host, args.port)  # fmt: skip
     if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches it can use it", args.host)
     engine = Engine(args.model, **options)
@@ -178,6 +190,19 @@ def main(argv: list[str]) -> int:
     finally:
         engine.shutdown()
     return 0
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """argv minus each flag in `flags` and its value (`--flag v` or `--flag=v`)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not arg.startswith(tuple(f + "=" for f in flags)):
+            out.append(arg)
+    return out
 
 
 def _note_signal(signum: int, frame: object) -> None:

@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from ..engine import EngineUnavailable
+
 log = logging.getLogger("stemma.server")
 
 _TYPES = {
@@ -160,4 +162,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(HTTPException, on_http)
+
+    async def on_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(503, str(exc))  # refused (a lost tensor-parallel rank), not a crash
+
+    app.add_exception_handler(EngineUnavailable, on_unavailable)
     app.add_exception_handler(Exception, on_crash)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..constrained.spec import constraint_regex
 from .errors import APIError
+from .sglang_fields import accept_sglang_fields
 from .state import ServerState
 
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -55,24 +56,44 @@ class SamplingParamsIn(BaseModel):
 
 
 class GenerateIn(BaseModel):
-    """POST /generate: exactly one of text / input_ids, each single or a list (a batch)."""
+    """POST /generate: exactly one of text / input_ids, each single or a list (a batch).
+    Other fields of SGLang's GenerateReqInput pass when they ask for nothing
+    (sglang_fields.py)."""
 
-    model_config = STRICT
+    model_config = ConfigDict(extra="allow", strict=True)
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SamplingParamsIn | list[SamplingParamsIn] | None = None
     rid: str | list[str] | None = None
-    return_logprob: bool | None = None
-    logprob_start_len: int | None = Field(None, description="-1 = output only")
-    top_logprobs_num: int | None = None
+    return_logprob: bool | list[bool] | None = Field(None, description="one, or one per prompt")
+    logprob_start_len: int | list[int] | None = Field(None, description="-1 = output only")
+    top_logprobs_num: int | list[int] | None = None
     token_ids_logprob: list[int] | None = None
     return_text_in_logprobs: bool | None = None
     stream: bool = False
 
 
 class TokenizeIn(BaseModel):
+    """/tokenize and /v1/tokenize, as SGLang's: exactly one of `prompt` (str or list) or chat
+    `messages` (rendered with the model's template); `text` is stemma's older name for
+    `prompt`. The engine adds no special tokens to a prompt, so neither does this."""
+
     model_config = STRICT
-    text: str
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool | None = None
+
+
+class DetokenizeIn(BaseModel):
+    """/detokenize and /v1/detokenize: token ids (one list or a list of lists) to text."""
+
+    model_config = STRICT
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
 
 
 class AbortIn(BaseModel):
@@ -114,6 +135,8 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     """The engine request dict for `body` (prompts as token ids, rids assigned) and the rids
     the engine will use."""
     req = body.model_dump(exclude_none=True)
+    for name in accept_sglang_fields(body.model_extra or {}):
+        req.pop(name, None)
     is_batch = isinstance(body.text, list) or (
         isinstance(body.input_ids, list)
         and bool(body.input_ids)

@@ -1,5 +1,6 @@
-"""The native routes, field-compatible with SGLang's server: /generate (JSON or server-sent
-events), model and server info, health, cache flush, abort, tokenize, and /metrics.
+"""The native routes, field-compatible with SGLang's server: /generate (POST or PUT; JSON or
+server-sent events), model and server info, load, health, cache flush, abort, tokenize and
+detokenize (also under /v1), and /metrics.
 
 A stream always ends with `data: [DONE]`; a request that fails mid-stream sends one
 `data: {"error": {...}}` event first. Leaving a stream early aborts its engine requests.
@@ -19,7 +20,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from .errors import ERROR_RESPONSES, APIError, abort_status, error_dict
-from .native import AbortIn, GenerateIn, TokenizeIn, native_request
+from .native import AbortIn, DetokenizeIn, GenerateIn, TokenizeIn, native_request
 from .state import SSE_DONE, ServerState, sse, sse_response, until_disconnected
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -32,6 +33,7 @@ def get_state(request: Request) -> ServerState:
 
 
 @router.post("/generate", tags=["native"])
+@router.put("/generate", tags=["native"], operation_id="generate_put")
 async def generate(body: GenerateIn, request: Request) -> Response:
     """SGLang's /generate: one response, a list for a batch, or server-sent events."""
     state, start = get_state(request), time.monotonic()
@@ -104,9 +106,13 @@ async def server_info(request: Request) -> dict[str, Any]:
 
 
 @router.get("/health", tags=["native"])
-async def health() -> dict[str, str]:
-    """The server answers (use /health_generate to check the engine too)."""
-    return {"status": "ok"}
+async def health(request: Request) -> JSONResponse:
+    """The server answers, and the engine takes requests (503 once it cannot, e.g. a lost
+    tensor-parallel rank); /health_generate checks that it generates too."""
+    unavailable = get_state(request).engine.unavailable
+    if unavailable is not None:
+        return JSONResponse(error_dict(503, unavailable), 503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/health_generate", tags=["native"])
@@ -148,9 +154,60 @@ async def abort_request(body: AbortIn, request: Request) -> dict[str, Any]:
 
 
 @router.post("/tokenize", tags=["native"])
+@router.post("/v1/tokenize", tags=["native"], operation_id="tokenize_v1")
 async def tokenize(body: TokenizeIn, request: Request) -> dict[str, Any]:
-    tokens = get_state(request).engine.tokenize(body.text)
-    return {"tokens": tokens, "count": len(tokens)}
+    """SGLang's /tokenize: a prompt (or a list of them) or chat messages to token ids."""
+    state = get_state(request)
+    given = [name for name in ("prompt", "text", "messages") if getattr(body, name) is not None]
+    if len(given) != 1:
+        raise APIError(400, f"send exactly one of 'prompt' or 'messages', got {given}", "prompt")
+    if body.messages is not None:
+        add_generation_prompt = body.add_generation_prompt is not False
+        try:
+            text = state.engine.apply_chat_template(body.messages, add_generation_prompt)
+        except Exception as e:  # the template's own error (bad roles, missing content ...)
+            raise APIError(400, f"messages could not be rendered: {e}", "messages") from None
+        prompt: str | list[str] = text
+    else:
+        prompt = body.prompt if body.prompt is not None else body.text or ""
+    if isinstance(prompt, list):
+        token_lists = [state.engine.tokenize(p) for p in prompt]
+        return {
+            "tokens": token_lists,
+            "count": [len(t) for t in token_lists],
+            "max_model_len": state.context_len,
+        }
+    tokens = state.engine.tokenize(prompt)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.context_len}
+
+
+@router.post("/detokenize", tags=["native"])
+@router.post("/v1/detokenize", tags=["native"], operation_id="detokenize_v1")
+async def detokenize(body: DetokenizeIn, request: Request) -> dict[str, Any]:
+    """SGLang's /detokenize: token ids (a list, or a list of lists) to text."""
+    engine = get_state(request).engine
+    is_batch = bool(body.tokens) and isinstance(body.tokens[0], list)
+    batch: list[list[int]] = body.tokens if is_batch else [body.tokens]  # type: ignore[assignment,list-item]
+    for ids in batch:
+        bad = [t for t in ids if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise APIError(400, f"tokens {bad[:5]} are outside the vocabulary", "tokens")
+    texts = [engine.tokenizer.decode(ids, body.skip_special_tokens) for ids in batch]
+    return {"text": texts if is_batch else texts[0]}
+
+
+@router.get("/get_load", tags=["native"])
+async def get_load(request: Request) -> list[dict[str, int]]:
+    """SGLang's /get_load: per data-parallel rank (one here), requests and tokens in use."""
+    metrics = await asyncio.to_thread(get_state(request).engine.get_metrics)
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": metrics["num_running"] + metrics["num_waiting"],
+            "num_waiting_reqs": metrics["num_waiting"],
+            "num_tokens": metrics["kv_capacity"] - metrics["kv_free"],
+        }
+    ]
 
 
 @router.get("/metrics", tags=["native"], response_class=Response)

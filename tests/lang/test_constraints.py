@@ -42,7 +42,7 @@ def test_parse_value_converts_and_names_bad_text():
     assert parse_value("-3", int) == -3
     assert parse_value("1e2", float) == 100.0
     assert parse_value("False", bool) is False
-    assert parse_value('"a\\nb"', str) == "a\nb"
+    assert parse_value('"a\\nb', str) == '"a\\nb'  # str keeps the raw text, as SGLang
     assert parse_value("raw", None) == "raw"
     with pytest.raises(ValueError, match="'abc' is not a valid int"):
         parse_value("abc", int)

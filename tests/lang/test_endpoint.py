@@ -28,7 +28,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"null")
         self._record(body)
         if self.path == "/tokenize":
-            self._json(200, {"tokens": [ord(c) for c in body["text"]]})
+            self._json(200, {"tokens": [ord(c) for c in body["prompt"]]})
         elif self.path == "/flush_cache":
             self.send_response(200)
             self.end_headers()

@@ -13,7 +13,9 @@ from stemma.lang import (
     gen,
     gen_int,
     gen_string,
+    greedy_token_selection,
     system,
+    token_length_normalized,
     user,
 )
 
@@ -197,26 +199,40 @@ def test_dtype_values_are_parsed_to_python_types(make_backend):
         s += " b=" + gen("b", dtype=bool) + " s=" + gen_string("s")
 
     state = typed.run(backend=backend)
-    assert (state["n"], state["f"], state["b"], state["s"]) == (42, 2.5, True, 'hi "x"')
+    assert (state["n"], state["f"], state["b"], state["s"]) == (42, 2.5, True, '"hi \\"x\\""')
     regexes = [r["sampling_params"]["regex"] for r in backend.gen_requests()]
     assert regexes[0] == r"-?(0|[1-9][0-9]*)"
     assert regexes[2] == "(True|False)"
 
 
-def test_choices_and_json_schema_reach_the_backend(make_backend):
+def test_json_schema_reaches_the_backend(make_backend):
     schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
-    backend = make_backend(rules={"pick:": "b.c", "json:": '{"x": 1}'})
+    backend = make_backend(rules={"json:": '{"x": 1}'})
 
     @function
     def constrained(s):
-        s += "pick:" + gen("pick", choices=["a+", "b.c"])
         s += "json:" + gen("obj", json_schema=schema)
 
     state = constrained.run(backend=backend)
-    assert (state["pick"], json.loads(state["obj"])) == ("b.c", {"x": 1})
-    pick, obj = backend.gen_requests()
-    assert pick["sampling_params"]["regex"] == r"(a\+|b\.c)"
+    assert json.loads(state["obj"]) == {"x": 1}
+    [obj] = backend.gen_requests()
     assert json.loads(obj["sampling_params"]["json_schema"]) == schema
+
+
+def test_gen_with_choices_is_a_select_as_in_sglang():
+    from stemma.lang.ir import Select
+
+    picked = gen("pick", choices=["a+", "b.c"], choices_method=greedy_token_selection)
+    assert isinstance(picked, Select)
+    assert (picked.name, picked.choices, picked.method) == (
+        "pick",
+        ["a+", "b.c"],
+        greedy_token_selection,
+    )
+    assert picked.temperature == 0.0
+    assert gen(choices=["x"]).method is token_length_normalized
+    with pytest.raises(ValueError, match="choices_method needs choices"):
+        gen(choices_method=greedy_token_selection)
 
 
 def test_json_schema_accepts_a_json_string_and_a_pydantic_model():
@@ -266,7 +282,7 @@ def test_meta_info_and_logprob_options(backend):
         ({"top_k": 0}, ValueError, "top_k"),
         ({"regex": "a", "choices": ["a"]}, ValueError, "at most one"),
         ({"dtype": list}, ValueError, "dtype.*list"),
-        ({"choices": []}, ValueError, "choices must not be empty"),
+        ({"choices": []}, ValueError, "non-empty list"),
         ({"json_schema": "{not json"}, ValueError, "json_schema"),
         ({"json_schema": 3}, TypeError, "json_schema.*3"),
         ({"n": 0}, ValueError, "n must be >= 1"),

@@ -70,7 +70,7 @@ CASES: list[tuple[str, Any, int, str]] = [
         400,
         "logprob_start_len",
     ),
-    ("/tokenize", {}, 400, "text"),
+    ("/tokenize", {}, 400, "prompt"),
     ("/abort_request", {}, 400, "rid"),
     (CHAT, {"model": "tiny", "messages": []}, 400, "messages"),
     (CHAT, {"model": "gpt-4", "messages": USER}, 404, "does not exist"),

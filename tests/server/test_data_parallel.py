@@ -1,0 +1,49 @@
+"""`stemma serve --dp-size N`: the worker command lines and the router launch; end to end
+(two servers behind sglang-router on the tiny model) as a slow test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from stemma.runtime.server.app import _without
+from stemma.runtime.server.data_parallel import router_command, wait_healthy
+
+
+def test_worker_argv_drops_the_front_door_flags():
+    argv = ["--model", "m", "--dp-size", "2", "--port=30000", "--host", "0.0.0.0", "--tp-size", "2"]
+    assert _without(argv, ("--dp-size", "--port", "--host")) == ["--model", "m", "--tp-size", "2"]
+
+
+def test_router_launch_is_one_cache_aware_command():
+    cmd = router_command(["http://127.0.0.1:1", "http://127.0.0.1:2"], "127.0.0.1", 30000)
+    assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
+    assert cmd[cmd.index("--policy") + 1] == "cache_aware"
+    assert cmd[cmd.index("--worker-urls") + 1 : cmd.index("--policy")] == [
+        "http://127.0.0.1:1",
+        "http://127.0.0.1:2",
+    ]
+
+
+@pytest.mark.slow
+def test_two_servers_behind_the_router(tiny_llama_dir):
+    pytest.importorskip("sglang_router")
+    port = 31700
+    cmd = [sys.executable, "-m", "stemma", "serve", "--model", str(tiny_llama_dir), "--dtype",
+           "float64", "--port", str(port), "--dp-size", "2", "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, 120)
+        body = {"text": "The quick brown", "sampling_params": {"max_new_tokens": 4},
+                "model": "default", "log_metrics": True, "return_hidden_states": False}  # fmt: skip
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["meta_info"]["completion_tokens"] == 4
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
