@@ -197,6 +197,16 @@ class Traffic:
             "temperature": self.rng.choice([0.0, 0.0, 0.7, 1.0]),
         }
 
+    async def _post_stream(self, path: str, body: dict[str, Any]) -> list[Any] | Outcome:
+        """A whole server-sent-event response's payloads, ending with "[DONE]"."""
+        r = await self.client.post(f"{self.url}{path}", json=body)
+        if r.status_code != 200:
+            return _http_error(r, False)
+        events = _sse_payloads(r.text)
+        if not events or events[-1] != "[DONE]":
+            return Outcome("bad", f"{path} stream did not end with [DONE]")
+        return events
+
     async def _generate(self, body: dict[str, Any], expected: bool = False) -> Any:
         r = await self.client.post(f"{self.url}/generate", json=body)
         return r.json() if r.status_code == 200 else _http_error(r, expected)
@@ -216,12 +226,9 @@ class Traffic:
             "sampling_params": self._sampling(),
             "stream": True,
         }
-        r = await self.client.post(f"{self.url}/generate", json=body)
-        if r.status_code != 200:
-            return _http_error(r, False)
-        events = _sse_payloads(r.text)
-        if not events or events[-1] != "[DONE]":
-            return Outcome("bad", "stream did not end with [DONE]")
+        events = await self._post_stream("/generate", body)
+        if isinstance(events, Outcome):
+            return events
         last = events[-2] if len(events) > 1 else None
         if isinstance(last, dict) and "error" in last:
             return _http_error_event(last)
@@ -295,12 +302,9 @@ class Traffic:
             "max_tokens": self.rng.randint(1, 48),
             "stream": True,
         }
-        r = await self.client.post(f"{self.url}/v1/chat/completions", json=body)
-        if r.status_code != 200:
-            return _http_error(r, False)
-        events = _sse_payloads(r.text)
-        if not events or events[-1] != "[DONE]":
-            return Outcome("bad", "chat stream did not end with [DONE]")
+        events = await self._post_stream("/v1/chat/completions", body)
+        if isinstance(events, Outcome):
+            return events
         errors = [e for e in events if isinstance(e, dict) and "error" in e]
         if errors:
             return _http_error_event(errors[0])

@@ -48,17 +48,7 @@ class RuntimeEndpoint:
 
     def generate_stream(self, req: dict[str, Any]) -> Iterator[dict[str, Any]]:
         with self._open("/generate", {**req, "stream": True}) as response:
-            for raw in response:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    return
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise BackendError(f"/generate stream failed: {_error_message(chunk)}")
-                yield chunk
+            yield from sse_chunks(response, "/generate stream")
 
     def get_model_info(self) -> dict[str, Any]:
         with self._lock:
@@ -122,6 +112,22 @@ def _read_json(err: urllib.error.HTTPError) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError:
         return raw.strip() or err.reason
+
+
+def sse_chunks(response: Any, what: str) -> Iterator[dict[str, Any]]:
+    """The JSON `data:` events of a server-sent-event response, up to `data: [DONE]`; an
+    error event raises BackendError naming `what`."""
+    for raw in response:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise BackendError(f"{what} failed: {_error_message(chunk)}")
+        yield chunk
 
 
 def _error_message(body: Any) -> str:

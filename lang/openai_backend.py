@@ -21,7 +21,7 @@ from typing import Any
 
 from .backend import BackendError
 from .choices import ChoicesSamplingMethod
-from .endpoint import _error_message, _read_json
+from .endpoint import _error_message, _read_json, sse_chunks
 from .openai_messages import (
     ROLE_MARKERS,
     chat_body,
@@ -80,16 +80,7 @@ class OpenAI:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
         start, text, last, choice = time.perf_counter(), "", {}, {}
         with self._open("/chat/completions", body) as response:
-            for raw in response:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    break
-                last = json.loads(data)
-                if "error" in last:
-                    raise BackendError(f"chat stream failed: {_error_message(last)}")
+            for last in sse_chunks(response, "chat stream"):
                 for delta_choice in last.get("choices") or []:
                     choice = delta_choice
                     piece = (delta_choice.get("delta") or {}).get("content") or ""
