@@ -137,6 +137,8 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     req = body.model_dump(exclude_none=True)
     for name in accept_sglang_fields(body.model_extra or {}):
         req.pop(name, None)
+    if (body.text is None) == (body.input_ids is None):
+        raise APIError(400, "send exactly one of 'text' or 'input_ids'", "text")
     is_batch = isinstance(body.text, list) or (
         isinstance(body.input_ids, list)
         and bool(body.input_ids)

@@ -19,6 +19,9 @@ CASES: list[tuple[str, Any, int, str]] = [
     ("/generate", {"text": "x", "bogus": 1}, 400, "bogus"),
     ("/generate", {"text": "x", "sampling_params": {"max_tokens": 5}}, 400, "max_tokens"),
     ("/generate", {"text": 5}, 400, "text"),
+    # Found by the OpenAPI fuzzer: both prompts, a list `text` making input_ids read as a batch.
+    ("/generate", {"text": [], "input_ids": [-44741]}, 400, "exactly one of 'text'"),
+    ("/generate", {"sampling_params": {"max_new_tokens": 1}}, 400, "exactly one of 'text'"),
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": "5"}}, 400, "max_new_tokens"),
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, 400, "max_new_tokens"),
     (
