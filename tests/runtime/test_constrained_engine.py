@@ -86,11 +86,12 @@ def schema_requests(schemas) -> list[dict]:
     ]
 
 
-SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "seed": 1}, {"temperature": 1.0, "seed": 7}]
+# Greedy, and sampling at temperature 1 (the widest distribution a request normally asks for).
+SAMPLING = [{"temperature": 0}, {"temperature": 1.0, "seed": 7}]
 
 
 @pytest.mark.parametrize("jump_forward", [True, False])
-@pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "seed1", "seed7"])
+@pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "seed7"])
 def test_regex_corpus_outputs_fullmatch(engines, regex_corpus, jump_forward, sampling):
     outs = run_corpus(engines[jump_forward], regex_requests(regex_corpus), sampling)
     for pattern, out in zip(regex_corpus, outs):
@@ -106,7 +107,7 @@ def test_bounded_caps_only_unbounded_quantifiers():
 
 
 @pytest.mark.parametrize("jump_forward", [True, False])
-@pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "seed1", "seed7"])
+@pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "seed7"])
 def test_schema_corpus_outputs_validate(engines, schema_corpus, jump_forward, sampling):
     """JSON numbers have no length bound, so a model may run into max_new_tokens inside
     one; such an output must still be a prefix the constraint allows, and nearly all finish."""
