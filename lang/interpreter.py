@@ -58,6 +58,8 @@ class Interpreter:
         self._pending = 0
         self._unresolved: Counter[str] = Counter()
         self._is_draining = False
+        self.is_root = parent is None
+        ctx.add_state(self)
         self._cond = threading.Condition()
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
@@ -121,6 +123,15 @@ class Interpreter:
         """Wait until nothing is queued or running, without raising."""
         with self._cond:
             self._cond.wait_for(lambda: self._pending == 0)
+
+    def sync_run(self) -> None:
+        """`sync`, after waiting for every other state of the run (forks nobody read or joined
+        included), so no request of the program is still running when it returns."""
+        if not self.ctx.is_tracing:
+            for state in list(self.ctx.states):
+                if state is not self:
+                    state.wait_idle()
+        self.sync()
 
     def end(self) -> None:
         """Mark that the program will submit nothing more (streams then know when to stop)."""

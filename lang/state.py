@@ -74,8 +74,12 @@ class ProgramState:
         return [dict(m) for m in self._interp.messages]
 
     def sync(self) -> None:
-        """Wait until everything submitted has run; raise the state's error if it failed."""
-        self._interp.sync()
+        """Wait until everything submitted has run; raise the state's error if it failed. On a
+        program's first state this includes every fork's work, read or not."""
+        if self._interp.is_root:
+            self._interp.sync_run()
+        else:
+            self._interp.sync()
 
     def error(self) -> BaseException | None:
         """The exception this state failed with, if any (never blocks, never raises)."""

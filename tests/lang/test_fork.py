@@ -168,3 +168,33 @@ def test_branches_can_fork_again(make_backend):
         return [f.text() for f in inner]
 
     assert prog.run(backend=backend).ret_value == ["r1aa", "r1bb"]
+
+
+def test_sync_waits_for_branches_nobody_read(make_backend):
+    """A program may stop reading its forks early (a search that takes the first good branch):
+    the run's first state's sync() still returns only once every branch's request is done, so
+    no request of the program outlives it (a cache flush right after cannot find one running)."""
+    release = threading.Event()
+    done: list[str] = []
+
+    def slow(prompt: str, params: dict) -> str:
+        if prompt.endswith("B:"):
+            release.wait(5)
+        done.append(prompt[-2:])
+        return "x"
+
+    backend = make_backend(default=slow)
+
+    @function
+    def prog(s):
+        s += "Q. "
+        forks = s.fork(2)
+        forks[0] += "A:" + gen("a")
+        forks[1] += "B:" + gen("b")
+        return forks[0]["a"]  # the second branch is never read
+
+    state = prog.run(backend=backend)
+    assert state.ret_value == "x" and "B:" not in done
+    threading.Timer(0.2, release.set).start()
+    state.sync()
+    assert sorted(done) == ["A:", "B:"]
