@@ -61,6 +61,6 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
             other = by_system.get(b)
             ok = other and other["programs_per_s"] and not other.get("num_errors")
             cells.append(f"{base['programs_per_s'] / other['programs_per_s']:.2f}x" if ok else "—")
-        cells.append(f"{base['cache_hit_rate']} ({base['optimum_hit_rate']})")
+        cells.append(f"{base['cache_hit_rate']:.3f} ({base['optimum_hit_rate']:.3f})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
