@@ -47,6 +47,7 @@ from .soak_traffic import EXPECTED_ERRORS, Outcome, Traffic
 
 PROFILES = {"default": 30.0, "ci": 2.0}
 SAMPLE_EVERY_S = 10.0
+RSS_JUDGED_MINUTES = 10.0
 FAULTS = ("forward_error", "compile_kill", "compile_hang")
 
 
@@ -285,7 +286,10 @@ def percentile(values: list[float], q: float) -> float:
 
 def verdict(args: argparse.Namespace, rec: Record, end: dict[str, Any], term: dict[str, Any]):
     samples = rec.samples
-    warm_t = min(300.0, args.minutes * 60 / 6)  # RSS growth is measured from 5 min (or 1/6)
+    # RSS growth counts from 5 minutes in: the first minutes grow the allocator's pools and
+    # the caches (about 1.1 -> 1.5 GiB here), so a run shorter than RSS_JUDGED_MINUTES
+    # records its growth without judging it.
+    warm_t = min(300.0, args.minutes * 60 / 6)
     warm = [s["rss_mb"] for s in samples if s["t"] >= warm_t][:3]
     last = [s["rss_mb"] for s in samples][-3:]
     base = statistics.median(warm) if warm else 0.0
@@ -297,7 +301,7 @@ def verdict(args: argparse.Namespace, rec: Record, end: dict[str, Any], term: di
         "no_invariant_violation": not violations,
         "no_leaked_slots": end["leaked_slots"] == 0 and end["rows_leaked"] == 0,
         "flush_empties_pool": end["free_after_flush"] == end["capacity"],
-        "rss_growth_under_5pct": growth < 0.05,
+        "rss_growth_under_5pct": growth < 0.05 if args.minutes >= RSS_JUDGED_MINUTES else None,
         "no_hung_request": rec.outcomes["hung"] == 0,
         "no_bad_response": rec.outcomes["bad"] == 0,
         "healthy_throughout": not unhealthy and end["health_generate"] == 200,
@@ -321,7 +325,7 @@ def verdict(args: argparse.Namespace, rec: Record, end: dict[str, Any], term: di
         "seed": args.seed,
         "concurrency": args.concurrency,
         "kv_tokens": args.kv_tokens,
-        "passed": all(checks.values()),
+        "passed": all(v is not False for v in checks.values()),  # None: not judged
         "checks": checks,
         "outcomes": dict(rec.outcomes),
         "by_scenario": {k: dict(v) for k, v in sorted(rec.by_scenario.items())},

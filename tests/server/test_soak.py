@@ -1,5 +1,6 @@
 """The soak harness's 2-minute profile (opt in: pytest -m slow): the real server under the
-hostile mix with every fault injected ends with every check passed (bench/soak.py)."""
+hostile mix with every fault injected ends with every check passed (bench/soak.py; RSS growth
+is judged only in runs of 10 minutes or more, past the allocator's warm-up)."""
 
 from __future__ import annotations
 
