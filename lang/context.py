@@ -10,14 +10,10 @@ from __future__ import annotations
 import contextvars
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .backend import Backend
 from .chat_template import ChatTemplate
 from .sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from .interpreter import Interpreter
 
 # True while a program body runs, so `other_program(...)` there means "a call to inline".
 in_program: contextvars.ContextVar[bool] = contextvars.ContextVar("in_program", default=False)
@@ -43,11 +39,6 @@ class RunContext:
     _template: ChatTemplate | None = None
     _token_cache: dict[str, list[int]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    states: list[Interpreter] = field(default_factory=list)  # every state of the run, forks too
-
-    def add_state(self, interp: Interpreter) -> None:
-        with self._lock:
-            self.states.append(interp)
 
     def require_backend(self) -> Backend:
         if self.backend is None:

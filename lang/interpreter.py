@@ -59,7 +59,9 @@ class Interpreter:
         self._unresolved: Counter[str] = Counter()
         self._is_draining = False
         self.is_root = parent is None
-        ctx.add_state(self)
+        # Every state of the run, forks included (one list shared down the tree; sync_run).
+        self.run_states: list[Interpreter] = parent.run_states if parent else []
+        self.run_states.append(self)
         self._cond = threading.Condition()
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
@@ -128,7 +130,7 @@ class Interpreter:
         """`sync`, after waiting for every other state of the run (forks nobody read or joined
         included), so no request of the program is still running when it returns."""
         if not self.ctx.is_tracing:
-            for state in list(self.ctx.states):
+            for state in list(self.run_states):
                 if state is not self:
                     state.wait_idle()
         self.sync()

@@ -57,4 +57,4 @@ def test_ratio_table_divides_by_each_baseline():
         {"program": "p", "system": "hf-naive", "programs_per_s": None, "num_errors": 2},
     ]
     table = ratio_table(rows)
-    assert "| p | 3 | 3.00x | — | 0.5 (0.6) |" in table
+    assert "| p | 3 | 3.00x | — | 0.500 (0.600) |" in table
