@@ -88,12 +88,11 @@ class Engine:
         self.outputs = OutputProcessor(
             self.tokenizer, sampler, self.runner.context_len, cfg.enable_jump_forward
         )
-        grammar_dir = Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else None
         limits = CompileLimits(
             timeout_s=cfg.grammar_timeout_s, max_index_bytes=cfg.grammar_max_index_mb << 20
         )
-        grammar_dir = grammar_dir or default_grammar_cache_dir()
-        self.constraints = Constraints(self.tokenizer, grammar_dir, limits, self.faults)
+        grammar = Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else default_grammar_cache_dir()
+        self.constraints = Constraints(self.tokenizer, grammar, limits, self.faults)
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
