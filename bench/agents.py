@@ -9,6 +9,9 @@ order, so load drifts hit all alike. stemma systems are in-process Runtimes (def
 cache off; FCFS instead of longest-prefix-match; jump-forward off); `hf-naive` runs each gen
 as one plain transformers `generate` (on `--hf-num` programs); `llama.cpp` is its server (the
 xllamacpp wheel, skipped with a message when absent) on the same GGUF through stemma.OpenAI.
+Every measured run starts with empty prompt caches: stemma's radix tree is flushed and
+llama.cpp's server is restarted (its slots and its host-memory prompt cache would otherwise
+still hold the prompts of the warm-up and of earlier rounds, which are the same programs).
 Rows in bench/results/agents.jsonl; one PNG per program and a ratio table (agents_table.md).
 """
 
@@ -22,10 +25,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
+import httpx
 from tqdm import tqdm
 
 from ..runtime.dtype_policy import cpu_isa
@@ -53,16 +58,47 @@ SYSTEMS = [*STEMMA_CONFIGS, "hf-naive", "llama.cpp"]
 LLAMA_PORT = 18191
 
 
-def open_systems(names: list[str], args: argparse.Namespace, stack: ExitStack) -> dict[str, Any]:
-    """name -> Backend; each shut down when `stack` closes."""
+class LlamaServer:
+    """llama.cpp's server on the built-in GGUF; `restart` empties every prompt cache it has."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        threads = str(os.cpu_count() or 1)
+        cmd = [sys.executable, "-c", LLAMA_SERVER, str(builtin_gguf()), str(self.port), threads]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_healthy("llama.cpp", self.proc, self.url)
+        body = {"prompt": "Hello", "max_tokens": 1, "cache_prompt": False}
+        httpx.post(self.url + "/completion", json=body, timeout=60).raise_for_status()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def open_systems(
+    names: list[str], args: argparse.Namespace, stack: ExitStack
+) -> tuple[dict[str, Any], dict[str, Callable[[], None]]]:
+    """name -> Backend, each shut down when `stack` closes; name -> how to empty its caches."""
     import stemma
 
     backends: dict[str, Any] = {}
+    resets: dict[str, Callable[[], None]] = {}
     for name in names:
         if name in STEMMA_CONFIGS:
             rt = stemma.Runtime(model=args.model, dtype=args.dtype, **STEMMA_CONFIGS[name])
             stack.callback(rt.shutdown)
             backends[name] = rt
+            resets[name] = rt.flush_cache
     template = next(iter(backends.values())).get_chat_template() if backends else None
     if "hf-naive" in names:
         from .hf_naive import HFNaive
@@ -73,21 +109,12 @@ def open_systems(names: list[str], args: argparse.Namespace, stack: ExitStack) -
         if importlib.util.find_spec("xllamacpp") is None:
             print("skipping llama.cpp: its server is not installed (pip install xllamacpp)")
         else:
-            threads = str(os.cpu_count() or 1)
-            cmd = [
-                sys.executable,
-                "-c",
-                LLAMA_SERVER,
-                str(builtin_gguf()),
-                str(LLAMA_PORT),
-                threads,
-            ]
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            stack.callback(lambda: (proc.terminate(), proc.wait(30)))
-            url = f"http://127.0.0.1:{LLAMA_PORT}"
-            wait_healthy("llama.cpp", proc, url)
-            backends["llama.cpp"] = stemma.OpenAI("smollm2-135m", base_url=url + "/v1")
-    return backends
+            server = LlamaServer(LLAMA_PORT)
+            stack.callback(server.stop)
+            server.start()
+            backends["llama.cpp"] = stemma.OpenAI("smollm2-135m", base_url=server.url + "/v1")
+            resets["llama.cpp"] = server.restart
+    return backends, resets
 
 
 def run_programs(
@@ -120,7 +147,12 @@ def program_items(module: Any, num: int, max_tokens: int | None) -> list[dict[st
     )
 
 
-def bench_program(name: str, backends: dict[str, Any], args: argparse.Namespace) -> list[dict]:
+def bench_program(
+    name: str,
+    backends: dict[str, Any],
+    resets: dict[str, Callable[[], None]],
+    args: argparse.Namespace,
+) -> list[dict]:
     module = importlib.import_module(f"stemma.examples.{name}")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in backends}
     optimum: list[float | None] = []
@@ -130,14 +162,12 @@ def bench_program(name: str, backends: dict[str, Any], args: argparse.Namespace)
         for r in range(args.rounds):
             for system in order if r % 2 == 0 else reversed(order):
                 backend = backends[system]
-                if system in STEMMA_CONFIGS:
-                    backend.flush_cache()
+                reset = resets.get(system, lambda: None)  # hf-naive caches nothing
                 num = args.hf_num if system == "hf-naive" else args.num
                 if r == 0:  # warm-up on an input outside the measured ones
                     warm = program_items(module, args.num + 1, args.max_tokens)[-1:]
                     run_programs(module, backend, warm, 1, tqdm(disable=True))
-                    if system in STEMMA_CONFIGS:
-                        backend.flush_cache()
+                reset()
                 items = program_items(module, num, args.max_tokens)
                 seconds, recorder, errors = run_programs(
                     module, backend, items, args.concurrency, bar
@@ -183,11 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     columns += ["num_errors"]
     all_rows: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        backends = open_systems(args.systems.split(","), args, stack)
+        backends, resets = open_systems(args.systems.split(","), args, stack)
         stemma_rt = next((b for n, b in backends.items() if n in STEMMA_CONFIGS), None)
         args.resolved_dtype = stemma_rt.get_model_info()["dtype"] if stemma_rt else args.dtype
         for name in programs:
-            rows = bench_program(name, backends, args)
+            rows = bench_program(name, backends, resets, args)
             print_table(rows, columns)
             plot_program(name, rows, RESULTS_DIR / f"agents_{name}.png")
             append_results("agents", rows)  # per program, so an interrupted run keeps them
