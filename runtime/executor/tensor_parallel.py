@@ -85,9 +85,14 @@ class TensorParallel:
         self.remote = list(range(per_node, self.size))  # the other nodes' ranks
         for p in self.procs.values():
             p.start()
-        self._wait_keys("up", "connect", time.monotonic() + cfg.dist_connect_timeout_s)
-        address = local_address(host, self.store.port)
-        self.group = TPGroup.connect(self.store, 0, self.size, cfg.dist_timeout_s, address)
+        try:
+            self._wait_keys("up", "connect", time.monotonic() + cfg.dist_connect_timeout_s)
+            address = local_address(host, self.store.port)
+            self.group = TPGroup.connect(self.store, 0, self.size, cfg.dist_timeout_s, address)
+        except BaseException:
+            self.lost = self.lost or "the group failed to start"  # kill the workers at once
+            self.shutdown()
+            raise
 
     @property
     def pids(self) -> dict[int, int]:

@@ -86,7 +86,9 @@ class Plan:
         return EngineConfig(**(self.engine | local))
 
 
-def beat(store_addr: tuple[str, int], rank: int, parent_pid: int | None, stop: threading.Event):
+def beat(
+    store_addr: tuple[str, int], rank: int, parent_pid: int | None, stop: threading.Event
+) -> None:
     """A worker's heartbeat thread. It exits the process at once when its parent has gone
     (parent_pid, for spawned ranks) or rank 0's store is unreachable (rank 0 died): no
     process outlives its engine."""

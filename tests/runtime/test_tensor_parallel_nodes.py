@@ -72,7 +72,7 @@ def test_two_nodes_equal_tp1_and_node1_exits_with_the_engine(tiny_llama_dir, mak
     engine, node = two_node_engine(tiny_llama_dir, tp_size=4)
     try:
         assert list(engine.tp.procs) == [1] and engine.tp.remote == [2, 3]
-        node_ranks = children(node.pid)  # rank 3 (and multiprocessing's helpers)
+        node_ranks = children(node.pid)  # rank 3 and multiprocessing's resource tracker
         assert node_ranks
         outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
         assert [o["output_ids"] for o in outs] == want
@@ -82,26 +82,35 @@ def test_two_nodes_equal_tp1_and_node1_exits_with_the_engine(tiny_llama_dir, mak
         assert node.wait(10) == 0, node.stderr.read()
     finally:
         node.kill()
+    deadline = time.monotonic() + 5  # multiprocessing's resource tracker exits after it
+    while any(not _gone(pid) for pid in node_ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert [pid for pid in node_ranks if not _gone(pid)] == []
 
 
-def test_killed_node_fails_requests_naming_its_rank(tiny_llama_dir, make_prompts):
+@pytest.mark.parametrize("when", ["mid-stream", "idle"])
+def test_killed_node_fails_requests_naming_its_rank(tiny_llama_dir, make_prompts, when):
     engine, node = two_node_engine(tiny_llama_dir, dist_timeout_s=2.0)
     try:
         [prompt] = make_prompts([8], 384, 5)
-        stream = engine.generate(
-            input_ids=prompt, sampling_params={"max_new_tokens": 480, "ignore_eos": True},
-            stream=True,
-        )  # fmt: skip
-        next(stream)
+        if when == "mid-stream":
+            stream = engine.generate(
+                input_ids=prompt, sampling_params={"max_new_tokens": 480, "ignore_eos": True},
+                stream=True,
+            )  # fmt: skip
+            next(stream)
         node.kill()
         start = time.monotonic()
-        *_, last = stream
+        if when == "mid-stream":
+            *_, last = stream
+            reason = last["meta_info"]["finish_reason"]
+            assert reason["type"] == "abort"
+            assert "rank 1 on node 1 died or hung" in reason["message"]
+        else:  # the watchdog: no step runs, the heartbeat goes stale
+            while engine.unavailable is None and time.monotonic() - start < 10:
+                time.sleep(0.1)
         assert time.monotonic() - start < 10
-        reason = last["meta_info"]["finish_reason"]
-        assert reason["type"] == "abort"
-        assert "rank 1 on node 1 died or hung" in reason["message"]
-        with pytest.raises(EngineUnavailable, match="rank 1 on node 1"):
+        with pytest.raises(EngineUnavailable, match="rank 1 on node 1 died or hung"):
             engine.generate(input_ids=prompt, sampling_params=GREEDY)
     finally:
         node.kill()
