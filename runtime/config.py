@@ -39,6 +39,7 @@ class EngineConfig:
     nnodes: int = 1  # machines sharing the tp_size ranks
     node_rank: int = 0  # this machine's place among them (0 runs the engine)
     dist_timeout_s: float = 5.0  # a collective waiting longer fails: a rank died or hung
+    dist_connect_timeout_s: float = 300.0  # how long the other nodes' ranks may take to join
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -90,12 +91,16 @@ class EngineConfig:
             )
         if self.tp_size % self.nnodes:
             raise ValueError(f"nnodes={self.nnodes} does not divide tp_size={self.tp_size}")
-        if self.nnodes > 1:
+        if self.nnodes > 1 and self.dist_init_addr is None:
             raise ValueError(
-                "nnodes > 1 is not supported yet: all tp_size ranks run on one machine"
+                f"nnodes={self.nnodes} needs dist_init_addr HOST:PORT: node 0's address and a "
+                f"free port that every node reaches"
             )
-        if self.dist_timeout_s <= 0:
-            raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+        if self.dist_timeout_s <= 0 or self.dist_connect_timeout_s <= 0:
+            raise ValueError(
+                f"dist_timeout_s and dist_connect_timeout_s must be > 0, got "
+                f"{self.dist_timeout_s} and {self.dist_connect_timeout_s}"
+            )
         if self.tp_size > 1 and self.quantization is not None:
             raise ValueError("quantization with tp_size > 1 is not supported")
 

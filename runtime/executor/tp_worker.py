@@ -1,15 +1,14 @@
 """A tensor-parallel worker process (rank >= 1): load this rank's shard, then run every step
 rank 0 publishes (step_message.py) until STOP. One torch thread unless num_threads says
-otherwise. It exits when its parent dies or the group breaks, so it never outlives the engine.
+otherwise. It exits when its parent or rank 0 dies or the group breaks (tp_store.beat), so it
+never outlives the engine; after STOP it says so under stopped/<rank> and exits 0.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import os
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +20,10 @@ from ..models.loader import load_decoder
 from ..models.parallel import TPGroup
 from .model_runner import ModelRunner
 from .step_message import unpack_step
+from .tp_store import STORE_TIMEOUT, beat, local_address
 
 log = logging.getLogger("stemma.tp")
 IDLE_WAIT = datetime.timedelta(days=365)
-STORE_TIMEOUT = datetime.timedelta(seconds=300)
-HEARTBEAT_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,21 +33,27 @@ class WorkerSpec:
     cfg: EngineConfig
     ckpt_dir: str
     dtype: str  # a torch dtype name, e.g. "float64"
-    host: str
+    host: str  # rank 0's store
     port: int
-    parent_pid: int
+    parent_pid: int | None  # exit when this process is no longer the parent; None: no parent
 
 
-def run_worker(rank: int, spec: WorkerSpec, heartbeats) -> None:
-    """The worker's main function (torch.multiprocessing spawn target)."""
+def run_worker(rank: int, spec: WorkerSpec) -> None:
+    """The worker's main function (torch.multiprocessing spawn target, or a node's own rank)."""
     torch.set_num_threads(spec.cfg.num_threads or 1)
-    threading.Thread(
-        target=_heartbeat, args=(rank, spec.parent_pid, heartbeats), daemon=True
-    ).start()
+    stop_beating = threading.Event()
+    heartbeat = threading.Thread(
+        target=beat,
+        args=((spec.host, spec.port), rank, spec.parent_pid, stop_beating),
+        name="stemma-tp-heartbeat",
+        daemon=True,
+    )
+    heartbeat.start()
     store = dist.TCPStore(spec.host, spec.port, spec.cfg.tp_size, False, timeout=STORE_TIMEOUT)
     store.set(f"up/{rank}", b"1")
     try:
-        group = TPGroup.connect(store, rank, spec.cfg.tp_size, spec.cfg.dist_timeout_s)
+        address = local_address(spec.host, spec.port)
+        group = TPGroup.connect(store, rank, spec.cfg.tp_size, spec.cfg.dist_timeout_s, address)
         dtype = getattr(torch, spec.dtype)
         model, _ = load_decoder(Path(spec.ckpt_dir), dtype, spec.cfg.device, group)
         small_step_rows = int(store.get("small_step_rows"))  # rank 0's measured plan
@@ -59,6 +63,9 @@ def run_worker(rank: int, spec: WorkerSpec, heartbeats) -> None:
         raise
     store.set(f"ready/{rank}", b"1")
     _serve(store, runner)
+    stop_beating.set()  # before rank 0 may close the store: a failed beat would exit(3)
+    heartbeat.join()
+    store.set(f"stopped/{rank}", b"1")
 
 
 def _serve(store: dist.Store, runner: ModelRunner) -> None:
@@ -72,12 +79,3 @@ def _serve(store: dist.Store, runner: ModelRunner) -> None:
             return
         runner.forward(fb)
         step += 1
-
-
-def _heartbeat(rank: int, parent_pid: int, heartbeats) -> None:
-    """Tell rank 0 this process runs; exit at once when the parent has gone (no orphans)."""
-    while True:
-        heartbeats[rank] = time.monotonic()
-        if os.getppid() != parent_pid:
-            os._exit(3)
-        time.sleep(HEARTBEAT_S)

@@ -30,12 +30,17 @@ class TPGroup:
     num_gather: int = 0
 
     @staticmethod
-    def connect(store: object, rank: int, size: int, timeout_s: float) -> TPGroup:
-        """The compute group over a torch.distributed Store every rank reaches."""
+    def connect(
+        store: object, rank: int, size: int, timeout_s: float, address: str | None = None
+    ) -> TPGroup:
+        """The compute group over a torch.distributed Store every rank reaches; address: where
+        the other ranks reach this one (None: what this machine's hostname resolves to)."""
         if size == 1:
             return TPGroup()
-        timeout = datetime.timedelta(seconds=timeout_s)
-        pg = dist.ProcessGroupGloo(dist.PrefixStore("tp", store), rank, size, timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = datetime.timedelta(seconds=timeout_s)
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address or "")]
+        pg = dist.ProcessGroupGloo(dist.PrefixStore("tp", store), rank, size, opts)
         return TPGroup(rank, size, pg, timeout_s)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from ..config import EngineConfig
 from ..engine import Engine
+from ..executor.tp_node import serve_node
 from .data_parallel import serve_dp
 from .debug import router as debug_router
 from .errors import install_error_handlers
@@ -154,9 +155,11 @@ def main(argv: list[str]) -> int:
     )
     options = {f.name: getattr(args, f.name) for f in fields(EngineConfig) if f.name != "model"}
     try:
-        EngineConfig.from_kwargs(model=args.model, **options)
+        cfg = EngineConfig.from_kwargs(model=args.model, **options)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
+    if cfg.node_rank > 0:  # another node's tensor-parallel ranks: no server, no scheduler
+        return serve_node(cfg)
     if args.dp_size > 1:
         return serve_dp(_without(argv, ("--dp-size", "--port", "--host")), args.dp_size,
                         args.host, args.port)  # fmt: skip
