@@ -1,6 +1,7 @@
 """dtype "auto" against every explicit dtype, and weight-only int8 / int4, on this CPU.
 
-  python -m stemma.bench.dtype_bench [--repeats 5] [--configs auto,float32,bfloat16,int8,int4]
+  python -m stemma.bench.dtype_bench [--repeats 5]
+      [--configs auto,float32,bfloat16,int8,int4,w8a8_int8]
 
 Workloads (greedy, EOS ignored so every config does the same work):
   decode1:    one request, 50-token prompt, 128 new tokens (single-stream decode)
@@ -10,7 +11,7 @@ Every config is one Engine in this process; each round runs every config once, i
 alternating order, so machine drifts hit all alike. Reported per workload: the median
 seconds of each config, and the median over rounds of auto's time over the fastest
 explicit dtype's in the same round ("auto_vs_best": 1.0 = as fast, 1.05 = 5% slower).
-int8 / int4 run on auto's dtype with quantized weights; their accuracy is `--accuracy`:
+int8 / int4 / w8a8_int8 run on auto's dtype, quantized; their accuracy is `--accuracy`:
 teacher-forced top-1 agreement with float32 over a prompt set and the perplexity of a
 fixed text.
 """
@@ -28,6 +29,7 @@ from ..runtime.engine import Engine
 from .common import append_results, interleaved_times, print_table
 
 EXPLICIT = ("float32", "bfloat16")
+QUANTIZED = ("int8", "int4", "w8a8_int8")
 STORY = (
     "The lighthouse keeper climbed the spiral stairs each evening, counting the steps "
     "aloud, polishing the great lens, and writing the weather into a leather log book. "
@@ -43,7 +45,7 @@ ACCURACY_PROMPTS = [
 
 
 def engine_kwargs(config: str) -> dict[str, Any]:
-    if config in ("int8", "int4"):
+    if config in QUANTIZED:
         return {"dtype": "auto", "quantization": config}
     return {"dtype": config}
 
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m stemma.bench.dtype_bench")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--configs", default="auto,float32,bfloat16,int8,int4")
+    p.add_argument("--configs", default="auto,float32,bfloat16,int8,int4,w8a8_int8")
     p.add_argument("--workloads", default="decode1,decode8,parallel32")
     p.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args(argv)
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             append_results("dtype_bench", [{"model": args.model, **row}])  # each as it ends
             print_table([row], [k for k in row if k != "seconds"])
         if args.accuracy and "float32" in engines:
-            others = {c: e for c, e in engines.items() if c in ("bfloat16", "int8", "int4")}
+            others = {c: e for c, e in engines.items() if c in ("bfloat16", *QUANTIZED)}
             acc = accuracy(others, engines["float32"])
             append_results("dtype_bench", [{"model": args.model, **r, **machine} for r in acc])
             print_table(acc, list(acc[0]))

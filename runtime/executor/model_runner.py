@@ -16,6 +16,7 @@ from ..models.decoder import DecoderForCausalLM
 from ..models.layers import can_pack_weights
 from ..models.loader import LoadedModel
 from .attention import make_attention_backend
+from .calibrate import calibration_ids, input_maxima
 from .forward_batch import ForwardBatch
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
 
@@ -46,7 +47,11 @@ class ModelRunner:
         num_kv_heads = self.model.layout.num_kv_heads  # this rank's
         self.dtype = self.model.dtype
         self.device = torch.device(cfg.device)
-        if cfg.quantization:
+        if cfg.quantization == "w8a8_int8":
+            tokenizer = None if isinstance(loaded, DecoderForCausalLM) else loaded.tokenizer
+            ids = calibration_ids(tokenizer, mc.vocab_size)
+            self.model.quantize_weights(cfg.quantization, input_maxima(self.model, ids))
+        elif cfg.quantization:
             self.model.quantize_weights(cfg.quantization)
         elif can_pack_weights(self.device, self.dtype):
             self.model.pack_weights()

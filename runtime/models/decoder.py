@@ -264,18 +264,24 @@ class DecoderForCausalLM(nn.Module):
             self._vocab_small = self.lm_head.small_weight
         self._small_rows = max_rows
 
-    def quantize_weights(self, method: str) -> None:
-        """Hold every linear and the vocabulary projection as weight-only `method` ("int8" |
-        "int4", models/quant.py); a tied embedding keeps its float table for lookups. After
-        load_weights; one-way. The vocabulary projection is int8 even under int4, as
-        llama.cpp's 4-bit files keep it at 8 bits: its error reaches every logit directly."""
+    def quantize_weights(
+        self, method: str, input_maxima: dict[Linear, torch.Tensor] | None = None
+    ) -> None:
+        """Hold every linear and the vocabulary projection quantized by `method` ("int8" |
+        "int4" | "w8a8_int8", models/quant.py); a tied embedding keeps its float table for
+        lookups. After load_weights; one-way. The vocabulary projection is int8 even under
+        int4, as llama.cpp's 4-bit files keep it at 8 bits: its error reaches every logit,
+        and under w8a8_int8 (int8 activations move top-1 tokens there too). input_maxima:
+        w8a8_int8's calibration (executor/calibrate.py), per linear."""
+        maxima = input_maxima or {}
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
-                module.quantize(method)
+                module.quantize(method, maxima.get(module))
+        vocab_method = "int8" if method in ("int4", "w8a8_int8") else method
         if self.lm_head is None:
-            self._vocab_quant = quantize(self.embed_tokens.weight, "int8")
+            self._vocab_quant = quantize(self.embed_tokens.weight, vocab_method)
         else:
-            self.lm_head.quantize("int8")
+            self.lm_head.quantize(vocab_method)
             self._vocab_quant = self.lm_head.quant
 
     def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:

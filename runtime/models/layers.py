@@ -98,9 +98,10 @@ class Linear(nn.Module):
         is, which is most of a decode step's time."""
         self.weight = nn.Parameter(pack_weight(self.weight), False)
 
-    def quantize(self, method: str) -> None:
-        """Replace the weight by a weight-only quantized copy (after loading; models/quant.py)."""
-        self.quant = quantize(self.weight, method)
+    def quantize(self, method: str, input_max: torch.Tensor | None = None) -> None:
+        """Replace the weight by a quantized copy (after loading; models/quant.py); input_max:
+        w8a8_int8's calibrated input range per channel."""
+        self.quant = quantize(self.weight, method, input_max)
         self.weight = None
 
     def add_small_step_copy(self, max_rows: int) -> None:

@@ -9,11 +9,22 @@ int4: asymmetric per group of 32 input columns, w = (q - 8) * scale + zero, q in
 
 Both kernels are vectorized for bfloat16 activations only (float32 activations take a scalar
 loop, 10-50x slower on AVX2), so a linear casts its input to bfloat16 and its output back.
+
+w8a8_int8: int8 weights (symmetric per output channel) and int8 activations quantized per
+      row (the kernel takes one asymmetric scale per call, so each row is first divided by
+      its largest magnitude and the output multiplied back; 7-bit, so AVX2's u8 x s8 pair
+      sums cannot saturate), multiplied as integers by fbgemm on x86 and qnnpack on ARM
+      (`quantized.linear_dynamic`; float32 in and out). SGLang's name for the scheme; here
+      it is computed at load from any float checkpoint. On a 2-core AVX2 EPYC it multiplies
+      SmolLM2's 120 linears at 1 row 1.2x faster than int4 and at 8 rows 2x faster, and
+      prefill rows 1.8x faster than float32; the price is rounding of the activations too.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,14 +38,30 @@ _COMPUTE = torch.bfloat16
 class QuantizedWeight:
     """A linear weight [out, in] in one of torch's packed weight-only formats."""
 
-    method: str  # "int8" | "int4"
-    packed: torch.Tensor  # int8: [out, in] int8; int4: torch's opaque CPU int4 packing
-    scales: torch.Tensor  # int8: [out] bf16; int4: scales and zeros [in / group, out, 2] bf16
+    method: str  # "int8" | "int4" | "w8a8_int8"
+    # int8: [out, in] int8; int4: torch's opaque CPU int4 packing; w8a8_int8: the quantized
+    # engine's packed parameters (a torch ScriptObject)
+    packed: Any
+    # int8: [out] bf16; int4: scales and zeros [in / group, out, 2] bf16; w8a8_int8: [out] f32
+    scales: torch.Tensor
     out_features: int
     in_features: int
+    # w8a8_int8 with calibration: 1 / the smoothing scale, multiplied into the input first
+    input_scale: torch.Tensor | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] -> x W^T [rows, out] in x's dtype."""
+        if self.method == "w8a8_int8":
+            xf = x if x.dtype == torch.float32 else x.float()
+            if self.input_scale is not None:
+                xf = xf * self.input_scale
+            if x.shape[0] == 1:
+                y = torch.ops.quantized.linear_dynamic(xf, self.packed, True)
+            else:  # rows scaled to one range: the kernel's one scale is then per row
+                row_max = xf.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)
+                y = torch.ops.quantized.linear_dynamic(xf / row_max, self.packed, True)
+                y.mul_(row_max)
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         xb = x.to(_COMPUTE)
         if self.method == "int8":
             y = torch.ops.aten._weight_int8pack_mm(xb, self.packed, self.scales)
@@ -46,15 +73,26 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
+        if self.method == "w8a8_int8":
+            return self.out_features * self.in_features + self.scales.nbytes
         return self.packed.numel() * self.packed.element_size() + self.scales.nbytes
 
 
-def quantize(weight: torch.Tensor, method: str) -> QuantizedWeight:
-    """Quantize a float weight [out, in] (any float dtype; computed in float32)."""
+def quantize(
+    weight: torch.Tensor, method: str, input_max: torch.Tensor | None = None
+) -> QuantizedWeight:
+    """Quantize a float weight [out, in] (any float dtype; computed in float32). input_max
+    ([in], w8a8_int8 only): the calibrated largest input magnitude per channel, to smooth by."""
     out_features, in_features = weight.shape
     w = weight.detach().to(torch.float32)
+    input_scale = None
     if method == "int8":
         packed, scales = _quantize_int8(w)
+    elif method == "w8a8_int8":
+        if input_max is not None:
+            smooth = smoothing_scale(input_max, w)
+            w, input_scale = w * smooth, 1.0 / smooth
+        packed, scales = _quantize_w8a8(w)
     elif method == "int4":
         if in_features % INT4_GROUP_SIZE:
             raise ValueError(
@@ -63,11 +101,27 @@ def quantize(weight: torch.Tensor, method: str) -> QuantizedWeight:
         packed, scales = _quantize_int4(w)
     else:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {method!r}")
-    return QuantizedWeight(method, packed, scales, out_features, in_features)
+    return QuantizedWeight(method, packed, scales, out_features, in_features, input_scale)
+
+
+SMOOTHING_ALPHA = 0.5  # SmoothQuant's split of each channel's range between x and W
+
+
+def smoothing_scale(input_max: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """s per input channel with max|x_j / s_j| and max|W_j * s_j| balanced (x W^T unchanged).
+    On SmolLM2 (dtype_bench accuracy) it lifts w8a8's teacher-forced top-1 agreement with
+    float32 from 0.76 to 0.95, and its perplexity from +13% to float32's (5.01 vs 5.06)."""
+    x_max = input_max.float().clamp_min(1e-5)
+    w_max = w.abs().amax(dim=0).clamp_min(1e-5)
+    return (x_max**SMOOTHING_ALPHA / w_max ** (1 - SMOOTHING_ALPHA)).clamp_min(1e-5)
 
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """The float32 weight [out, in] the packed form computes with (for tests and accuracy)."""
+    if qw.method == "w8a8_int8":
+        weight, _ = torch.ops.quantized.linear_unpack(qw.packed)
+        weight = weight.dequantize()
+        return weight if qw.input_scale is None else weight * qw.input_scale
     eye = torch.eye(qw.in_features, dtype=_COMPUTE)
     return qw.matmul(eye).to(torch.float32).t().contiguous()
 
@@ -90,3 +144,24 @@ def _quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
     scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
     return packed, scales_and_zeros.to(_COMPUTE)
+
+
+def quantized_engine() -> str | None:
+    """The quantized-kernel library torch has here for w8a8_int8 (None: none)."""
+    engines = torch.backends.quantized.supported_engines
+    return next((e for e in ("fbgemm", "qnnpack") if e in engines), None)
+
+
+def _quantize_w8a8(w: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    engine = quantized_engine()
+    if engine is None:
+        raise ValueError("w8a8_int8 needs torch's fbgemm (x86) or qnnpack (ARM) kernels")
+    if torch.backends.quantized.engine != engine:
+        torch.backends.quantized.engine = engine
+    scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+    zero_points = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch marks quantized tensors deprecated; still here
+        warnings.simplefilter("ignore", UserWarning)
+        qweight = torch.quantize_per_channel(w, scale.double(), zero_points, 0, torch.qint8)
+        packed = torch.ops.quantized.linear_prepack(qweight, None)
+    return packed, scale

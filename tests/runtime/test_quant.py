@@ -33,6 +33,56 @@ def test_matmul_equals_the_dequantized_weight(method, rows):
     torch.testing.assert_close(got, ref, atol=2e-2 * ref.abs().max().item(), rtol=0)
 
 
+def test_w8a8_rounds_activations_per_step_and_weights_per_channel():
+    """int8 x int8: the result is the dequantized weight times each input row rounded to
+    7-bit steps of its own range, so a row of small values keeps its precision beside a
+    row of large ones."""
+    w = torch.randn(96, 128) * 0.05
+    qw = quantize(w, "w8a8_int8")
+    weight = dequantize(qw)
+    assert (weight - w).abs().amax() <= w.abs().amax() / 127
+    for rows in (1, 8, 64):
+        x = torch.randn(rows, 128) * torch.logspace(-3, 1, rows)[:, None]
+        got = qw.matmul(x)
+        assert got.dtype == torch.float32 and got.shape == (rows, 96)
+        err = (got - x @ weight.t()).abs().amax(dim=1)
+        step = 2 * x.abs().amax(dim=1) / 127  # per row, reduce_range: 7 bits
+        assert (err <= step / 2 * weight.abs().sum(dim=1).amax() + 1e-6).all()
+        assert (err > 0).all()  # the activations really are rounded
+    x16 = torch.randn(3, 128, dtype=torch.bfloat16)
+    assert qw.matmul(x16).dtype == torch.bfloat16
+
+
+def test_w8a8_smoothing_tames_outlier_input_channels():
+    """A few input channels 50x larger than the rest (as LLM activations have) set the 7-bit
+    activation step; smoothing by the calibrated range moves them into the weights."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 256, generator=g) * 0.05
+    x = torch.randn(16, 256, generator=g)
+    x[:, :4] *= 50
+    ref = x @ w.t()
+    plain = quantize(w, "w8a8_int8")
+    smoothed = quantize(w, "w8a8_int8", input_max=x.abs().amax(dim=0))
+    err_plain = (plain.matmul(x) - ref).norm() / ref.norm()
+    err_smoothed = (smoothed.matmul(x) - ref).norm() / ref.norm()
+    assert err_smoothed < err_plain / 2
+
+
+def test_calibration_sees_every_linear(tiny_llama_dir):
+    from stemma.runtime.executor.calibrate import calibration_ids, input_maxima
+    from stemma.runtime.models.layers import Linear
+    from stemma.runtime.models.loader import load_model
+
+    loaded = load_model(str(tiny_llama_dir))
+    ids = calibration_ids(loaded.tokenizer, loaded.config.vocab_size)
+    maxima = input_maxima(loaded.model, ids)  # the vocabulary projection stays weight-only
+    model = loaded.model
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m is not model.lm_head]
+    assert linears and set(maxima) == set(linears)
+    for linear, seen in maxima.items():
+        assert seen.shape == (linear.weight.shape[1],) and (seen > 0).all()
+
+
 def test_int8_error_is_per_channel_small():
     w = torch.randn(64, 256) * torch.logspace(-3, 0, 64)[:, None]  # rows of very unlike scale
     err = (dequantize(quantize(w, "int8")) - w).abs().amax(dim=1)
@@ -85,7 +135,7 @@ def snap_to_q4_1(w: torch.Tensor) -> torch.Tensor:
     return (torch.round((groups - lo) / d) * d + lo).reshape(w.shape)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int4", "w8a8_int8"])
 def test_quantized_engine_tracks_the_float32_model(tiny_q4_1_dir, make_prompts, method):
     """Teacher-forced on a model stored as Q4_1 (like the built-in one): at each prompt
     position the quantized model's top token is nearly always the float32 model's, and the
@@ -109,5 +159,8 @@ def test_quantized_engine_tracks_the_float32_model(tiny_q4_1_dir, make_prompts, 
         tops[quant] = [t[0][1] for m in metas for t in m["input_top_logprobs"][1:]]
         lps[quant] = torch.tensor([t[0] for m in metas for t in m["input_token_logprobs"][1:]])
     agree = sum(a == b for a, b in zip(tops[None], tops[method])) / len(tops[None])
-    assert agree >= 0.85  # measured 0.93 (int8) and 0.965 (int4) on AVX2
-    assert (lps[None] - lps[method]).abs().mean().item() < 0.1
+    # measured on AVX2: 0.93 (int8), 0.965 (int4), 0.85 (w8a8_int8: int8 activations add
+    # rounding of their own, 0.11 mean |delta logprob| against 0.05 for int8)
+    assert agree >= (0.8 if method == "w8a8_int8" else 0.85)
+    bound = 0.2 if method == "w8a8_int8" else 0.1
+    assert (lps[None] - lps[method]).abs().mean().item() < bound
