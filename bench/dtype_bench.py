@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             append_results("dtype_bench", [{"model": args.model, **row}])  # each as it ends
             print_table([row], [k for k in row if k != "seconds"])
         if args.accuracy and "float32" in engines:
-            others = {c: e for c, e in engines.items() if c in ("bfloat16", *QUANTIZED)}
+            others = {c: e for c, e in engines.items() if c in ("auto", "bfloat16", *QUANTIZED)}
             acc = accuracy(others, engines["float32"])
             append_results("dtype_bench", [{"model": args.model, **r, **machine} for r in acc])
             print_table(acc, list(acc[0]))

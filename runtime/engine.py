@@ -79,9 +79,10 @@ class Engine:
             self.tokenizer.set_chat_template(cfg.chat_template)
         self.model_config = loaded.config
         self.faults = Faults(cfg.enable_fault_injection)
-        self.runner = ModelRunner(cfg, loaded, self.dtype.small_step_rows, self.faults, self.tp)
+        rows, fp16 = self.dtype.small_step_rows, self.dtype.fp16_weights
+        self.runner = ModelRunner(cfg, loaded, rows, self.faults, self.tp, fp16)
         if self.tp is not None:
-            self.tp.wait_ready(self.dtype.small_step_rows)
+            self.tp.wait_ready(rows, fp16)
             self.tp.on_lost = self._on_rank_lost
         self.vocab_size = loaded.config.vocab_size
         sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)

@@ -35,10 +35,12 @@ class ModelRunner:
         small_step_rows: int = 0,
         faults: Faults | None = None,
         tp: StepRelay | None = None,
+        fp16_weights: bool = False,
     ):
         """small_step_rows: give the model bfloat16 weight copies for steps of at most this
-        many rows (dtype_policy.plan_small_steps); 0 = none. tp: rank 0's handle on the
-        other ranks, None on them and without tensor parallelism."""
+        many rows (dtype_policy.plan_small_steps); 0 = none. fp16_weights: hold the linears
+        as float16 weights for fbgemm's float32 matmul instead (the same plan). tp: rank 0's
+        handle on the other ranks, None on them and without tensor parallelism."""
         self.cfg = cfg
         self.faults = faults or Faults()
         self.tp = tp
@@ -55,6 +57,8 @@ class ModelRunner:
             self.model.quantize_weights(cfg.quantization)
         elif can_pack_weights(self.device, self.dtype):
             self.model.pack_weights()
+        elif fp16_weights:
+            self.model.hold_fp16_weights()
         elif small_step_rows:
             self.model.add_small_step_copies(small_step_rows)
         self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)

@@ -98,11 +98,12 @@ class TensorParallel:
     def pids(self) -> dict[int, int]:
         return {rank: p.pid for rank, p in self.procs.items()}
 
-    def wait_ready(self, small_step_rows: int) -> None:
+    def wait_ready(self, small_step_rows: int, fp16_weights: bool = False) -> None:
         """Tell the workers rank 0's weight plan (dtype_policy.plan_small_steps, measured
         once, so every rank runs the same kernels), wait until every rank has built its
         runner, and start the watchdog."""
         self.store.set("small_step_rows", str(small_step_rows).encode())
+        self.store.set("fp16_weights", b"1" if fp16_weights else b"0")
         self._wait_keys("ready", "load its shard")
         threading.Thread(target=self._watch, name="stemma-tp-watchdog", daemon=True).start()
 

@@ -57,7 +57,8 @@ def run_worker(rank: int, spec: WorkerSpec) -> None:
         dtype = getattr(torch, spec.dtype)
         model, _ = load_decoder(Path(spec.ckpt_dir), dtype, spec.cfg.device, group)
         small_step_rows = int(store.get("small_step_rows"))  # rank 0's measured plan
-        runner = ModelRunner(spec.cfg, model, small_step_rows)
+        fp16_weights = store.get("fp16_weights") == b"1"
+        runner = ModelRunner(spec.cfg, model, small_step_rows, fp16_weights=fp16_weights)
     except Exception as e:  # noqa: BLE001 - reported to rank 0, which fails the engine's start
         store.set(f"error/{rank}", f"{type(e).__name__}: {e}".encode())
         raise

@@ -10,6 +10,9 @@ int4: asymmetric per group of 32 input columns, w = (q - 8) * scale + zero, q in
 Both kernels are vectorized for bfloat16 activations only (float32 activations take a scalar
 loop, 10-50x slower on AVX2), so a linear casts its input to bfloat16 and its output back.
 
+fp16 (not a --quantization method: dtype "auto"'s weight plan on CPUs without native
+      bfloat16, see dtype_policy.py): float16 weights widened to float32 inside fbgemm's
+      matmul (`quantized.linear_dynamic_fp16`), float32 activations and accumulation.
 w8a8_int8: int8 weights (symmetric per output channel) and int8 activations quantized per
       row (the kernel takes one asymmetric scale per call, so each row is first divided by
       its largest magnitude and the output multiplied back; 7-bit, so AVX2's u8 x s8 pair
@@ -38,7 +41,7 @@ _COMPUTE = torch.bfloat16
 class QuantizedWeight:
     """A linear weight [out, in] in one of torch's packed weight-only formats."""
 
-    method: str  # "int8" | "int4" | "w8a8_int8"
+    method: str  # "int8" | "int4" | "w8a8_int8" | "fp16"
     # int8: [out, in] int8; int4: torch's opaque CPU int4 packing; w8a8_int8: the quantized
     # engine's packed parameters (a torch ScriptObject)
     packed: Any
@@ -51,6 +54,10 @@ class QuantizedWeight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] -> x W^T [rows, out] in x's dtype."""
+        if self.method == "fp16":
+            xf = x if x.dtype == torch.float32 else x.float()
+            y = torch.ops.quantized.linear_dynamic_fp16(xf, self.packed)
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         if self.method == "w8a8_int8":
             xf = x if x.dtype == torch.float32 else x.float()
             if self.input_scale is not None:
@@ -75,6 +82,8 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         if self.method == "w8a8_int8":
             return self.out_features * self.in_features + self.scales.nbytes
+        if self.method == "fp16":
+            return 2 * self.out_features * self.in_features
         return self.packed.numel() * self.packed.element_size() + self.scales.nbytes
 
 
@@ -88,6 +97,8 @@ def quantize(
     input_scale = None
     if method == "int8":
         packed, scales = _quantize_int8(w)
+    elif method == "fp16":
+        packed, scales = _pack_fp16(w), torch.empty(0)
     elif method == "w8a8_int8":
         if input_max is not None:
             smooth = smoothing_scale(input_max, w)
@@ -118,6 +129,9 @@ def smoothing_scale(input_max: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """The float32 weight [out, in] the packed form computes with (for tests and accuracy)."""
+    if qw.method == "fp16":
+        weight, _ = torch.ops.quantized.linear_unpack_fp16(qw.packed)
+        return weight.float()
     if qw.method == "w8a8_int8":
         weight, _ = torch.ops.quantized.linear_unpack(qw.packed)
         weight = weight.dequantize()
@@ -165,3 +179,19 @@ def _quantize_w8a8(w: torch.Tensor) -> tuple[Any, torch.Tensor]:
         qweight = torch.quantize_per_channel(w, scale.double(), zero_points, 0, torch.qint8)
         packed = torch.ops.quantized.linear_prepack(qweight, None)
     return packed, scale
+
+
+FP16_MAX = 65504.0
+
+
+def fp16_weights_available() -> bool:
+    """Whether torch has fbgemm's float16-weight matmul here (x86 builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def _pack_fp16(w: torch.Tensor) -> Any:
+    if w.abs().amax() > FP16_MAX:
+        raise ValueError(f"a weight exceeds float16's range ({FP16_MAX}); keep it float32")
+    if torch.backends.quantized.engine != "fbgemm":
+        torch.backends.quantized.engine = "fbgemm"
+    return torch.ops.quantized.linear_prepack_fp16(w, None)

@@ -94,3 +94,47 @@ def test_small_steps_are_planned_only_for_auto_float32_without_native_bf16():
     else:
         assert planned.small_step_rows in (0, 1, 2, 4, 8)
         assert ("bfloat16 weight copy" in planned.reason) == (planned.small_step_rows > 0)
+
+
+@pytest.mark.skipif(
+    "fbgemm" not in torch.backends.quantized.supported_engines, reason="fbgemm is x86 only"
+)
+def test_fp16_weights_compute_float32_with_float16_rounded_weights(tiny_llama_dir):
+    """hold_fp16_weights: every linear and the vocabulary projection multiply float32 inputs
+    by float16-rounded weights in float32 (11 significant bits: close to float32, closer than
+    the bfloat16 copy); a weight beyond float16's range stays float32."""
+    from stemma.runtime.models.loader import load_model
+
+    plain = load_model(str(tiny_llama_dir), torch.float32).model
+    half = load_model(str(tiny_llama_dir), torch.float32).model
+    half.layers[1].mlp.down_proj.weight.data[0, 0] = 1e6  # beyond float16
+    half.hold_fp16_weights()
+    down = half.layers[0].mlp.down_proj
+    assert down.weight is None and down.quant.method == "fp16"
+    assert half.layers[1].mlp.down_proj.quant is None  # kept float32
+    for rows in (1, 8, 64):
+        x = torch.randn(rows, down.quant.in_features)
+        w = plain.layers[0].mlp.down_proj.weight
+        got = down(x)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, x @ w.half().float().t(), atol=1e-5, rtol=1e-5)
+        assert (got - x @ w.t()).abs().max() <= 2e-3 * (x.abs() @ w.abs().t()).max()
+        h = torch.randn(rows, half.cfg.hidden_size)
+        ref_logits = plain.project_vocab(h)
+        torch.testing.assert_close(
+            half.project_vocab(h), ref_logits, atol=2e-3 * ref_logits.abs().max(), rtol=0
+        )
+
+
+def test_fp16_weights_are_planned_when_measured_faster(monkeypatch):
+    import stemma.runtime.dtype_policy as policy
+
+    base = policy.DtypeChoice("float32", "auto: no native bfloat16 on this CPU (AVX2)")
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(policy, "fp16_weights_win", lambda hidden, inter: True)
+    planned = policy.plan_small_steps(base, "auto", 64, 96, 1 << 20)
+    assert planned.fp16_weights and planned.small_step_rows == 0
+    assert "float16 weights" in planned.reason
+    assert policy.plan_small_steps(base, "float32", 64, 96, 1 << 20) == base  # explicit
+    monkeypatch.setattr(policy, "fp16_weights_win", lambda hidden, inter: False)
+    assert not policy.plan_small_steps(base, "auto", 64, 96, 1 << 20).fp16_weights
