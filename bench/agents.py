@@ -22,21 +22,18 @@ import importlib
 import importlib.util
 import inspect
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
-import httpx
 from tqdm import tqdm
 
 from ..runtime.dtype_policy import cpu_isa
 from .agent_report import plot_program, ratio_table
 from .agent_trace import Recorder, median_or_none, optimum_hit_rate, summarize
-from .anchors import LLAMA_SERVER, builtin_gguf, wait_healthy
+from .anchors import LlamaServer
 from .common import RESULTS_DIR, append_results, print_table
 
 PROGRAMS = [
@@ -56,33 +53,6 @@ STEMMA_CONFIGS = {
 }
 SYSTEMS = [*STEMMA_CONFIGS, "hf-naive", "llama.cpp"]
 LLAMA_PORT = 18191
-
-
-class LlamaServer:
-    """llama.cpp's server on the built-in GGUF; `restart` empties every prompt cache it has."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        threads = str(os.cpu_count() or 1)
-        cmd = [sys.executable, "-c", LLAMA_SERVER, str(builtin_gguf()), str(self.port), threads]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_healthy("llama.cpp", self.proc, self.url)
-        body = {"prompt": "Hello", "max_tokens": 1, "cache_prompt": False}
-        httpx.post(self.url + "/completion", json=body, timeout=60).raise_for_status()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(30)
-            self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 def open_systems(

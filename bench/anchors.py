@@ -59,24 +59,45 @@ def builtin_gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+class LlamaServer:
+    """llama.cpp's server on the built-in GGUF, with a thread per core; `restart` empties every
+    prompt cache it has (its slots and its host-memory prompt cache)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        threads = str(os.cpu_count() or 1)
+        cmd = [sys.executable, "-c", LLAMA_SERVER, str(builtin_gguf()), str(self.port), threads]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_healthy("llama.cpp", self.proc, self.url)
+        body = {"prompt": "Hello", "max_tokens": 1, "cache_prompt": False}
+        httpx.post(self.url + "/completion", json=body, timeout=60).raise_for_status()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
 def start_servers(args: argparse.Namespace) -> dict[str, tuple[subprocess.Popen, str]]:
     if importlib.util.find_spec("xllamacpp") is None:
         raise SystemExit("llama.cpp's server is not installed: pip install xllamacpp")
-    threads = os.cpu_count() or 1
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    llama = subprocess.Popen(
-        [sys.executable, "-c", LLAMA_SERVER, str(builtin_gguf()), "18181", str(threads)], **quiet
-    )
     stemma_cmd = [sys.executable, "-m", "stemma", "serve", "--port", "18182"]
     stemma_cmd += shlex.split(args.stemma_args)
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     stemma = subprocess.Popen(stemma_cmd, **quiet)
-    servers = {
-        "llama.cpp": (llama, "http://127.0.0.1:18181"),
-        "stemma": (stemma, "http://127.0.0.1:18182"),
-    }
-    for name, (proc, url) in servers.items():
-        wait_healthy(name, proc, url)
-    return servers
+    llama = LlamaServer(18181)
+    llama.start()
+    wait_healthy("stemma", stemma, "http://127.0.0.1:18182")
+    return {"llama.cpp": (llama.proc, llama.url), "stemma": (stemma, "http://127.0.0.1:18182")}
 
 
 def wait_healthy(name: str, proc: subprocess.Popen, url: str, timeout_s: float = 300) -> None:

@@ -25,7 +25,7 @@ from .executor.model_runner import ModelRunner
 from .executor.tensor_parallel import TensorParallel, WorkerLost
 from .faults import Faults
 from .inbox import AbortRequest, AddRequests, CallOnEngine, Command, Event, Stop
-from .io_struct import GenerateRequest
+from .io_struct import GenerateRequest, check_prompt
 from .models.loader import load_model, resolve_checkpoint
 from .response import ResponseBuilder, StreamText, final_text
 from .sampling.sampler import Sampler, SamplingState
@@ -206,25 +206,8 @@ class Engine:
 
     def _make_req(self, item) -> Req:
         ids = item.input_ids if item.input_ids is not None else self.tokenizer.encode(item.text)
-        ctx = self.runner.context_len
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if len(ids) >= ctx:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context length is {ctx}")
-        if len(ids) >= self.runner.allocator.capacity:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; the KV pool holds "
-                f"{self.runner.allocator.capacity} (raise kv_cache_mb or max_total_tokens)"
-            )
-        if max(ids) >= self.vocab_size:
-            raise ValueError(
-                f"input_ids contain {max(ids)}, outside the vocabulary ({self.vocab_size})"
-            )
-        if item.logprob.logprob_start_len >= len(ids):
-            raise ValueError(
-                f"logprob_start_len={item.logprob.logprob_start_len} is not below the prompt "
-                f"length {len(ids)}"
-            )
+        runner = self.runner
+        check_prompt(item, ids, runner.context_len, runner.allocator.capacity, self.vocab_size)
         p = item.params
         p.check_vocab(self.vocab_size)
         state = SamplingState.create(p, ids, self.vocab_size)

@@ -79,6 +79,29 @@ class GenerateRequest:
         return GenerateRequest(items, is_batch or len(items) > len(prompts), stream)
 
 
+def check_prompt(
+    item: GenerateItem, ids: list[int], context_len: int, kv_slots: int, vocab_size: int
+) -> None:
+    """ValueError unless the item's prompt ids fit the engine: non-empty, shorter than the
+    context and the KV pool, inside the vocabulary, and longer than logprob_start_len."""
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) >= context_len:
+        raise ValueError(f"the prompt has {len(ids)} tokens; the context length is {context_len}")
+    if len(ids) >= kv_slots:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens; the KV pool holds {kv_slots} "
+            "(raise kv_cache_mb or max_total_tokens)"
+        )
+    if max(ids) >= vocab_size:
+        raise ValueError(f"input_ids contain {max(ids)}, outside the vocabulary ({vocab_size})")
+    if item.logprob.logprob_start_len >= len(ids):
+        raise ValueError(
+            f"logprob_start_len={item.logprob.logprob_start_len} is not below the prompt "
+            f"length {len(ids)}"
+        )
+
+
 def _prompts(text: Any, ids: Any) -> tuple[list[str | list[int]], bool]:
     if text is not None:
         if isinstance(text, str):

@@ -58,7 +58,7 @@ class ModelRunner:
         elif can_pack_weights(self.device, self.dtype):
             self.model.pack_weights()
         elif fp16_weights:
-            self.model.hold_fp16_weights()
+            self.model.quantize_weights("fp16")
         elif small_step_rows:
             self.model.add_small_step_copies(small_step_rows)
         self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)

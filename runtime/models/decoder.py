@@ -33,7 +33,7 @@ from .layers import (
     softcap,
 )
 from .parallel import TPGroup, TPLayout
-from .quant import FP16_MAX, QuantizedWeight, fp16_weights_available, quantize
+from .quant import QuantizedWeight, fits_fp16, quantize, vocab_quantization
 from .rope import RotaryEmbedding
 from .shard import Shard, add_linear, add_parts, shift
 
@@ -264,40 +264,26 @@ class DecoderForCausalLM(nn.Module):
             self._vocab_small = self.lm_head.small_weight
         self._small_rows = max_rows
 
-    def hold_fp16_weights(self) -> None:
-        """Hold every linear and the vocabulary projection as float16 weights that fbgemm
-        widens inside its float32 matmul (dtype_policy.plan_weights: float32 models on CPUs
-        without native bfloat16, where it measured faster at every row count). A linear
-        whose weight exceeds float16's range keeps it in float32; a tied embedding keeps
-        its float32 table for lookups."""
-        for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
-                module.quantize_if_in_range("fp16")
-        vocab = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if vocab.abs().amax() <= FP16_MAX:
-            self._vocab_quant = quantize(vocab, "fp16")
-            if self.lm_head is not None:
-                self.lm_head.weight = None
-
     def quantize_weights(
         self, method: str, input_maxima: dict[Linear, torch.Tensor] | None = None
     ) -> None:
         """Hold every linear and the vocabulary projection quantized by `method` ("int8" |
-        "int4" | "w8a8_int8", models/quant.py); a tied embedding keeps its float table for
-        lookups. After load_weights; one-way. The vocabulary projection is int8 weight-only
-        under int4, as llama.cpp's 4-bit files keep it at 8 bits: its error reaches every
-        logit. Under w8a8_int8 it is float16 weight-only where fbgemm has it (else int8): int8
-        activations there moved top-1 tokens of SmolLM2 (agreement 0.84 with float32). input_maxima:
-        w8a8_int8's calibration (executor/calibrate.py), per linear."""
+        "int4" | "w8a8_int8", or "fp16": dtype "auto"'s float16 weights for fbgemm's float32
+        matmul, dtype_policy.plan_small_steps; models/quant.py). Under fp16 a weight beyond
+        float16's range stays float32. A tied embedding keeps its float table for lookups.
+        After load_weights; one-way. input_maxima: w8a8_int8's calibration
+        (executor/calibrate.py), per linear."""
         maxima = input_maxima or {}
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
-                module.quantize(method, maxima.get(module))
-        vocab_method = "int8" if method in ("int4", "w8a8_int8") else method
-        if method == "w8a8_int8" and fp16_weights_available():
-            vocab_method = "fp16"  # faster than int8 here, and the activations stay float
+                if method != "fp16" or fits_fp16(module.weight):
+                    module.quantize(method, maxima.get(module))
+        vocab_method = vocab_quantization(method)
+        vocab = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if vocab_method == "fp16" and not fits_fp16(vocab):
+            return
         if self.lm_head is None:
-            self._vocab_quant = quantize(self.embed_tokens.weight, vocab_method)
+            self._vocab_quant = quantize(vocab, vocab_method)
         else:
             self.lm_head.quantize(vocab_method)
             self._vocab_quant = self.lm_head.quant

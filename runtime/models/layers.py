@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .parallel import TPGroup
-from .quant import FP16_MAX, QuantizedWeight, quantize
+from .quant import QuantizedWeight, quantize
 
 # The row count oneDNN lays the weight out for. 32 favours decode: 1-64 rows stream 1.5-1.65x
 # faster than from a plain weight; 512-1024-row prefill chunks run ~10% slower than plain.
@@ -103,11 +103,6 @@ class Linear(nn.Module):
         w8a8_int8's calibrated input range per channel."""
         self.quant = quantize(self.weight, method, input_max)
         self.weight = None
-
-    def quantize_if_in_range(self, method: str) -> None:
-        """quantize(method), unless the weight exceeds float16's range (method "fp16")."""
-        if self.weight.abs().amax() <= FP16_MAX:
-            self.quantize(method)
 
     def add_small_step_copy(self, max_rows: int) -> None:
         """Keep a bfloat16 copy of the weight for steps of at most max_rows rows, on CPUs whose

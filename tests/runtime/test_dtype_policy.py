@@ -100,7 +100,7 @@ def test_small_steps_are_planned_only_for_auto_float32_without_native_bf16():
     "fbgemm" not in torch.backends.quantized.supported_engines, reason="fbgemm is x86 only"
 )
 def test_fp16_weights_compute_float32_with_float16_rounded_weights(tiny_llama_dir):
-    """hold_fp16_weights: every linear and the vocabulary projection multiply float32 inputs
+    """quantize_weights("fp16"): every linear and the vocabulary projection multiply float32 inputs
     by float16-rounded weights in float32 (11 significant bits: close to float32, closer than
     the bfloat16 copy); a weight beyond float16's range stays float32."""
     from stemma.runtime.models.loader import load_model
@@ -108,7 +108,7 @@ def test_fp16_weights_compute_float32_with_float16_rounded_weights(tiny_llama_di
     plain = load_model(str(tiny_llama_dir), torch.float32).model
     half = load_model(str(tiny_llama_dir), torch.float32).model
     half.layers[1].mlp.down_proj.weight.data[0, 0] = 1e6  # beyond float16
-    half.hold_fp16_weights()
+    half.quantize_weights("fp16")
     down = half.layers[0].mlp.down_proj
     assert down.weight is None and down.quant.method == "fp16"
     assert half.layers[1].mlp.down_proj.quant is None  # kept float32
