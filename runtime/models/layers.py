@@ -222,6 +222,8 @@ class RMSNorm(nn.Module):
         # F.rms_norm: one call, the same float32 values as the HF expression.
         if self.weight is None:  # folded into the next linear; bf16 in, float32 inside
             return F.rms_norm(x, (x.shape[-1],), None, self.eps)
+        if x.dtype == torch.float32:  # one call; the same values as the two below (tested)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, self.eps)
         return self.weight * h.to(x.dtype)
 

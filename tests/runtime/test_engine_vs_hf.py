@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from stemma.runtime.engine import Engine
+from stemma.runtime.executor import attention
 
 N = 10
 
@@ -121,17 +122,19 @@ def test_prompt_logprobs_equal_hf(tiny_llama_dir, hf_ref, make_prompts):
 def test_shared_prefix_batch_uses_cascade_and_matches_hf(
     tiny_llama_dir, harness_factory, hf_ref, make_prompts
 ):
-    """Several requests over one cached prefix: the torch backend reads the prefix once
-    (cascade attention) in extend and decode steps; ids still equal HF's."""
+    """Several requests over one cached prefix long enough to be worth reading once: the
+    torch backend does so (cascade attention) in extend and decode steps; ids still equal
+    HF's."""
     h = harness_factory(tiny_llama_dir, max_total_tokens=4096)
-    shared, *tails = make_prompts([48, 3, 9, 1, 5], 384, 13)
+    shared, *tails = make_prompts([300, 3, 9, 1, 5, 2, 7, 4, 6], 384, 13)
+    assert (len(tails) - 1) * len(shared) >= attention.CASCADE_MIN_SAVED_POSITIONS
     h.add("warm", shared, max_new_tokens=1)
     h.run()
     reqs = [h.add(f"t{i}", shared + t, max_new_tokens=N) for i, t in enumerate(tails)]
     h.step()
-    assert h.runner.attn.shared_len == 48  # the prefill of the four tails
+    assert h.runner.attn.shared_len == 300  # the prefill of the eight tails
     h.step()
-    assert h.runner.attn.shared_len == 48  # and their first decode
+    assert h.runner.attn.shared_len == 300  # and their first decode
     h.run()
     assert [r.output_ids for r in reqs] == [
         hf_ref.greedy(tiny_llama_dir, shared + t, N) for t in tails
