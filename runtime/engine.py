@@ -148,6 +148,8 @@ class Engine:
             "tp_size": self.config.tp_size,
             "dtype": self.dtype.name,
             "dtype_reason": self.dtype.reason,
+            "quantization": self.config.quantization,
+            "weights_note": self.runner.weights_note,
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(self.tokenizer.eos_token_ids),

@@ -5,6 +5,7 @@ rank 0's also sends each step to the other ranks before running it (tensor_paral
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -14,11 +15,13 @@ from ..config import EngineConfig
 from ..faults import Faults, InjectedFault
 from ..models.decoder import DecoderForCausalLM
 from ..models.layers import can_pack_weights
-from ..models.loader import LoadedModel
+from ..models.loader import LoadedModel, gguf_int4_blocks
 from .attention import make_attention_backend
 from .calibrate import calibration_ids, input_maxima
 from .forward_batch import ForwardBatch
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
+
+log = logging.getLogger("stemma.engine")
 
 
 class StepRelay(Protocol):
@@ -45,6 +48,7 @@ class ModelRunner:
         self.faults = faults or Faults()
         self.tp = tp
         self.model = loaded if isinstance(loaded, DecoderForCausalLM) else loaded.model
+        self.weights_note: str | None = None  # how the weights were prepared, when notable
         mc = self.model.cfg
         num_kv_heads = self.model.layout.num_kv_heads  # this rank's
         self.dtype = self.model.dtype
@@ -53,6 +57,14 @@ class ModelRunner:
             tokenizer = None if isinstance(loaded, DecoderForCausalLM) else loaded.tokenizer
             ids = calibration_ids(tokenizer, mc.vocab_size)
             self.model.quantize_weights(cfg.quantization, input_maxima(self.model, ids))
+        elif cfg.quantization == "int4" and isinstance(loaded, LoadedModel):
+            given = self.model.int4_from_gguf_blocks(gguf_int4_blocks(loaded.ckpt_dir))
+            self.model.quantize_weights("int4", prequantized=given)
+            self.weights_note = (
+                f"{len(given)} of {self.model.num_linears} linears packed from the "
+                "GGUF's own 4-bit blocks"
+            )
+            log.info("int4: %s", self.weights_note)
         elif cfg.quantization:
             self.model.quantize_weights(cfg.quantization)
         elif can_pack_weights(self.device, self.dtype):

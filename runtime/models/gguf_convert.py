@@ -9,6 +9,11 @@ it). llama.cpp's changes are undone: llama q/k rows permuted for its interleaved
 norms stored as 1 + w. RoPE factor tensors become config: Llama 3's rope_freqs
 (rope_type "freq_factors", stemma's own: default frequencies divided by them) and Phi-3's
 long/short factors (longrope).
+
+Weights stored as Q4_0 or Q4_1 also keep their 4-bit blocks, in quantized/int4.safetensors:
+per tensor its codes (two to a byte), and each block of 32's scale and minimum (w = min +
+code * scale), so `--quantization int4` packs the file's own codes instead of re-quantizing
+the float32 copy (models/quant.py int4_from_blocks).
 """
 
 from __future__ import annotations
@@ -100,6 +105,41 @@ def _dequantize_rows(t: Any) -> Any:
     for start in range(0, t.data.shape[0], step):
         block = gguf.quants.dequantize(t.data[start : start + step], t.tensor_type)
         yield block.reshape(-1, row_values)
+
+
+INT4_BLOCKS_FILE = "quantized/int4.safetensors"  # not *.safetensors at the top: not weights
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1")  # 32 codes of 4 bits per block, one scale (and minimum)
+
+
+def int4_blocks(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A Q4_0 / Q4_1 tensor's blocks as (codes [rows, cols] uint8 in 0..15, scale and
+    minimum [rows, cols / 32] float32) with w = minimum + code * scale; None for other types.
+
+    Q4_0 blocks: float16 d, 16 bytes of codes (w = d * (code - 8)); Q4_1: float16 d and m,
+    16 bytes (w = d * code + m). A block's byte j holds code j in its low nibble, code j + 16
+    in its high one."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType(t.tensor_type).name
+    if kind not in GGUF_INT4_TYPES or t.data.ndim != 2:
+        return None
+    rows = t.data.shape[0]
+    header = 2 if kind == "Q4_0" else 4
+    blocks = np.ascontiguousarray(t.data).reshape(rows, -1, header + 16)
+    scale = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == "Q4_0":
+        minimum = -8.0 * scale
+    else:
+        minimum = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = blocks[..., header:]
+    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, -1)
+    return codes, scale, minimum
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """[rows, cols] codes 0..15 -> [rows, cols / 2] bytes, column 2j low, 2j + 1 high
+    (quant.unpack_nibbles reads them back)."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
 
 
 def _f32_bytes(w: np.ndarray) -> bytes:
@@ -195,10 +235,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     arch = cfg["model_type"]
     weights = [t for t in reader.tensors if t.name not in ROPE_TENSORS]
     names = [hf_tensor_name(t.name, arch) for t in weights]
+    int4: dict[str, np.ndarray] = {}
     with open(out_dir / "model.safetensors", "wb") as f:
         _write_header(f, names, [tuple(reversed([int(d) for d in t.shape])) for t in weights])
-        for t in weights:
+        for t, name in zip(weights, names):
             kind = t.name.split(".")[-2]
+            heads = None
             if arch == "llama" and kind in ("attn_q", "attn_k"):
                 heads = cfg["num_attention_heads" if kind == "attn_q" else "num_key_value_heads"]
                 f.write(_f32_bytes(_unpermute(_dequantize(t), heads)))
@@ -207,6 +249,18 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
             else:
                 for rows in _dequantize_rows(t):
                     f.write(_f32_bytes(rows))
+            blocks = int4_blocks(t) if name.endswith("proj.weight") else None
+            if blocks is not None:  # rows get the same un-permute as the weight's
+                codes, scale, minimum = (
+                    b if heads is None else _unpermute(b, heads) for b in blocks
+                )
+                int4[f"{name}.codes"] = pack_nibbles(codes)
+                int4[f"{name}.scale"], int4[f"{name}.min"] = scale, minimum
+    if int4:
+        from safetensors.numpy import save_file
+
+        (out_dir / INT4_BLOCKS_FILE).parent.mkdir()
+        save_file(int4, str(out_dir / INT4_BLOCKS_FILE))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     _convert_tokenizer(gguf_path, reader, out_dir)
 

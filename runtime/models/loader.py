@@ -133,25 +133,55 @@ def cached_sha256(path: Path, cache_dir: Path) -> str:
     return index[key]
 
 
+# What a converted directory holds; a cached one of another version is converted again.
+# 2: GGUF 4-bit blocks kept beside the float32 weights (gguf_convert.INT4_BLOCKS_FILE).
+CONVERSION_VERSION = 2
+CONVERSION_MARKER = "stemma-conversion.json"
+
+
+def _conversion_current(out: Path) -> bool:
+    try:
+        marker = json.loads((out / CONVERSION_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (out / "config.json").exists() and marker.get("version") == CONVERSION_VERSION
+
+
 def gguf_checkpoint(path: Path, cache_dir: Path) -> Path:
     """Convert `path` into cache_dir/models/<stem>-<sha256 prefix>/ unless already there."""
     from .gguf_convert import convert_gguf
 
     out = cache_dir / "models" / f"{path.stem}-{cached_sha256(path, cache_dir)[:16]}"
-    if (out / "config.json").exists():
+    if _conversion_current(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     # Convert into a temp dir and rename, so a crash never leaves a half-written cache.
     tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=out.parent))
     try:
         convert_gguf(path, tmp)
+        (tmp / CONVERSION_MARKER).write_text(json.dumps({"version": CONVERSION_VERSION}))
+        if out.exists():  # an older conversion: moved aside, then removed
+            stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=out.parent))
+            out.rename(stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.rename(out)
     except OSError:
-        if not (out / "config.json").exists():  # not another process winning the race
+        if not _conversion_current(out):  # not another process winning the race
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def gguf_int4_blocks(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The 4-bit blocks a GGUF conversion kept (gguf_convert.int4_blocks), by HF tensor name
+    plus ".codes" / ".scale" / ".min"; empty for other checkpoints."""
+    from safetensors.torch import load_file
+
+    from .gguf_convert import INT4_BLOCKS_FILE
+
+    path = ckpt / INT4_BLOCKS_FILE
+    return load_file(str(path)) if path.exists() else {}
 
 
 def load_model(

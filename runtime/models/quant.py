@@ -154,11 +154,41 @@ def _quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # [out, num_groups]
     scale = ((hi - lo) / 15).clamp_min(1e-12)
     q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15)
-    q = q.to(torch.int32).view(out_features, in_features)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
+    return _pack_int4(q.view(out_features, in_features), scale, lo)
+
+
+def _pack_int4(
+    codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [out, in] in 0..15 with w = minimum + code * scale per group of 32 ([out,
+    in / 32] each) in the kernel's packing and (scale, zero) layout."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    zero = minimum + 8 * scale  # the kernel computes (q - 8) * scale + zero
     scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
     return packed, scales_and_zeros.to(_COMPUTE)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[rows, cols / 2] bytes -> [rows, cols] codes 0..15: column 2j from the low nibble,
+    2j + 1 from the high one (gguf_convert.pack_nibbles' layout)."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+
+
+def int4_from_blocks(
+    codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor
+) -> QuantizedWeight:
+    """The int4 weight of given 4-bit blocks (a GGUF Q4_0 / Q4_1 tensor's own, see
+    gguf_convert.int4_blocks): codes [out, in] in 0..15, w = minimum + code * scale per group
+    of 32 ([out, in / 32] each). The kernel holds scale and zero in bfloat16, so a float16
+    block scale is rounded to 8 bits of mantissa (as quantize's are)."""
+    out_features, in_features = codes.shape
+    if in_features != INT4_GROUP_SIZE * scale.shape[1] or scale.shape != minimum.shape:
+        raise ValueError(
+            f"int4 blocks: codes {tuple(codes.shape)} do not match scales "
+            f"{tuple(scale.shape)} in groups of {INT4_GROUP_SIZE}"
+        )
+    packed, scales = _pack_int4(codes, scale.float(), minimum.float())
+    return QuantizedWeight("int4", packed, scales, out_features, in_features)
 
 
 def quantized_engine() -> str | None:

@@ -83,7 +83,10 @@ def _llama3_freq_factors(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(ckpt: Path, out: Path) -> Path:
+def write_gguf(ckpt: Path, out: Path, quant: str | None = None) -> Path:
+    """quant: "Q4_0" / "Q4_1" stores every linear weight (a 2-D *_proj tensor whose rows
+    split into blocks of 32) in that type, quantized by the gguf package as llama.cpp's
+    quantizer would; everything else stays float32."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -134,7 +137,12 @@ def write_gguf(ckpt: Path, out: Path) -> Path:
             t = _permute(t, heads if kind == "q_proj" else kv_heads)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1.0
-        w.add_tensor(_gguf_name(name, arch), np.ascontiguousarray(t))
+        t = np.ascontiguousarray(t)
+        if quant is not None and name.endswith("proj.weight") and t.shape[-1] % 32 == 0:
+            kind = gguf.GGMLQuantizationType[quant]
+            w.add_tensor(_gguf_name(name, arch), gguf.quants.quantize(t, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(_gguf_name(name, arch), t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
