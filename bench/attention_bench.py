@@ -26,7 +26,16 @@ from ..runtime.executor.attention import (
 )
 from .common import append_results, interleaved_times, print_table
 
-SHAPES = [(8, 40, 30), (8, 300, 60), (8, 1000, 60), (32, 200, 64), (32, 1000, 60), (2, 64, 8)]
+SHAPES = [
+    (8, 40, 30),
+    (8, 300, 60),
+    (16, 200, 60),
+    (8, 500, 60),
+    (8, 1000, 60),
+    (32, 200, 64),
+    (32, 1000, 60),
+    (2, 64, 8),
+]
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 

@@ -253,11 +253,11 @@ class DecodeKV:
 
 # Cascade pays a second attention pass to read a shared prefix once instead of once per
 # request: worth it when that saves at least this many K/V positions ((requests - 1) x
-# prefix). Measured on a 2-core AVX2 CPU, SmolLM2's heads, one decode step of 8 requests: a
-# 40-token prefix ran 85 us as one SDPA against 201 us as cascade, 300 tokens broke even
-# (299 / 305 us), 1000 tokens took 1492 against 518 us; 32 requests over 200 tokens took
-# 916 against 684 us.
-CASCADE_MIN_SAVED_POSITIONS = 2048
+# prefix). One decode step, SmolLM2's heads, on a 2-core AVX2 CPU (bench/attention_bench;
+# one SDPA against cascade): 8 requests over a 40-token prefix 147 / 398 us, over 300 tokens
+# (2100 saved) 514 / 590 us, over 500 tokens 802 / 538 us; 16 over 200 (3000 saved) 766 /
+# 655 us; 32 over 200 (6200 saved) 1048 / 978 us; 32 over 1000 tokens 8496 / 1910 us.
+CASCADE_MIN_SAVED_POSITIONS = 3072
 
 
 def shared_prefix_len(kv_slots: torch.Tensor, limit: int) -> int:

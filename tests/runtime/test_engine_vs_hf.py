@@ -126,15 +126,15 @@ def test_shared_prefix_batch_uses_cascade_and_matches_hf(
     torch backend does so (cascade attention) in extend and decode steps; ids still equal
     HF's."""
     h = harness_factory(tiny_llama_dir, max_total_tokens=4096)
-    shared, *tails = make_prompts([300, 3, 9, 1, 5, 2, 7, 4, 6], 384, 13)
+    shared, *tails = make_prompts([440, 3, 9, 1, 5, 2, 7, 4, 6], 384, 13)
     assert (len(tails) - 1) * len(shared) >= attention.CASCADE_MIN_SAVED_POSITIONS
     h.add("warm", shared, max_new_tokens=1)
     h.run()
     reqs = [h.add(f"t{i}", shared + t, max_new_tokens=N) for i, t in enumerate(tails)]
     h.step()
-    assert h.runner.attn.shared_len == 300  # the prefill of the eight tails
+    assert h.runner.attn.shared_len == 440  # the prefill of the eight tails
     h.step()
-    assert h.runner.attn.shared_len == 300  # and their first decode
+    assert h.runner.attn.shared_len == 440  # and their first decode
     h.run()
     assert [r.output_ids for r in reqs] == [
         hf_ref.greedy(tiny_llama_dir, shared + t, N) for t in tails
