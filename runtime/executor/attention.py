@@ -254,9 +254,9 @@ class DecodeKV:
 # Cascade pays a second attention pass to read a shared prefix once instead of once per
 # request: worth it when that saves at least this many K/V positions ((requests - 1) x
 # prefix). One decode step, SmolLM2's heads, on a 2-core AVX2 CPU (bench/attention_bench;
-# one SDPA against cascade): 8 requests over a 40-token prefix 147 / 398 us, over 300 tokens
-# (2100 saved) 514 / 590 us, over 500 tokens 802 / 538 us; 16 over 200 (3000 saved) 766 /
-# 655 us; 32 over 200 (6200 saved) 1048 / 978 us; 32 over 1000 tokens 8496 / 1910 us.
+# one SDPA against cascade): 8 requests over a 40-token prefix 85 / 228 us, over 300 tokens
+# (2100 saved) 295 / 333 us, over 500 tokens 500 / 388 us; 16 over 200 (3000 saved) 415 /
+# 450 us; 32 over 200 (6200 saved) 1491 / 824 us; 32 over 1000 tokens 7399 / 1850 us.
 CASCADE_MIN_SAVED_POSITIONS = 3072
 
 
