@@ -14,8 +14,9 @@ import torch
 from ..config import EngineConfig
 from ..faults import Faults, InjectedFault
 from ..models.decoder import DecoderForCausalLM
+from ..models.gguf_int4 import gguf_int4_blocks, int4_from_gguf_blocks
 from ..models.layers import can_pack_weights
-from ..models.loader import LoadedModel, gguf_int4_blocks
+from ..models.loader import LoadedModel
 from .attention import make_attention_backend
 from .calibrate import calibration_ids, input_maxima
 from .forward_batch import ForwardBatch
@@ -58,13 +59,14 @@ class ModelRunner:
             ids = calibration_ids(tokenizer, mc.vocab_size)
             self.model.quantize_weights(cfg.quantization, input_maxima(self.model, ids))
         elif cfg.quantization == "int4" and isinstance(loaded, LoadedModel):
-            given = self.model.int4_from_gguf_blocks(gguf_int4_blocks(loaded.ckpt_dir))
+            given = int4_from_gguf_blocks(self.model, gguf_int4_blocks(loaded.ckpt_dir))
             self.model.quantize_weights("int4", prequantized=given)
-            self.weights_note = (
-                f"{len(given)} of {self.model.num_linears} linears packed from the "
-                "GGUF's own 4-bit blocks"
-            )
-            log.info("int4: %s", self.weights_note)
+            if given:
+                self.weights_note = (
+                    f"{len(given)} of {self.model.num_linears} linears packed from the "
+                    "GGUF's own 4-bit blocks"
+                )
+                log.info("int4: %s", self.weights_note)
         elif cfg.quantization:
             self.model.quantize_weights(cfg.quantization)
         elif can_pack_weights(self.device, self.dtype):

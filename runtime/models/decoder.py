@@ -33,14 +33,7 @@ from .layers import (
     softcap,
 )
 from .parallel import TPGroup, TPLayout
-from .quant import (
-    QuantizedWeight,
-    fits_fp16,
-    int4_from_blocks,
-    quantize,
-    unpack_nibbles,
-    vocab_quantization,
-)
+from .quant import QuantizedWeight, fits_fp16, quantize, vocab_quantization
 from .rope import RotaryEmbedding
 from .shard import Shard, add_linear, add_parts, shift
 
@@ -48,18 +41,6 @@ if TYPE_CHECKING:  # the executor passes these in; the model names them only as 
     from ..executor.attention import AttentionBackend
     from ..executor.forward_batch import ForwardBatch
     from ..executor.memory import KVPool
-
-
-# Each linear's checkpoint tensors: merged (Phi-3), or the parts stacked in it.
-GGUF_INT4_SOURCES = {
-    "self_attn.qkv_proj": [
-        ["self_attn.qkv_proj"],
-        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-    ],
-    "self_attn.o_proj": [["self_attn.o_proj"]],
-    "mlp.gate_up_proj": [["mlp.gate_up_proj"], ["mlp.gate_proj", "mlp.up_proj"]],
-    "mlp.down_proj": [["mlp.down_proj"]],
-}
 
 
 def make_norm(cfg: ModelConfig, dim: int, dtype: torch.dtype) -> RMSNorm:
@@ -295,7 +276,7 @@ class DecoderForCausalLM(nn.Module):
         float16's range stays float32. A tied embedding keeps its float table for lookups.
         After load_weights; one-way. input_maxima: w8a8_int8's calibration
         (executor/calibrate.py), per linear. prequantized: linears whose quantized weight is
-        given (a GGUF's own 4-bit blocks, int4_from_gguf_blocks) rather than computed."""
+        given (a GGUF's own 4-bit blocks, gguf_int4.int4_from_gguf_blocks) rather than computed."""
         maxima, given = input_maxima or {}, prequantized or {}
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
@@ -317,32 +298,6 @@ class DecoderForCausalLM(nn.Module):
     def num_linears(self) -> int:
         """The linears quantize_weights quantizes (the vocabulary projection apart)."""
         return sum(isinstance(m, Linear) and m is not self.lm_head for m in self.modules())
-
-    def int4_from_gguf_blocks(
-        self, blocks: dict[str, torch.Tensor]
-    ) -> dict[Linear, QuantizedWeight]:
-        """The int4 weights of the linears whose checkpoint tensors all have 4-bit blocks
-        (gguf_convert.int4_blocks: "<HF name>.codes" [out, in / 2] two codes a byte,
-        ".scale" and ".min" [out, in / 32]); a merged linear stacks its parts' blocks. One
-        process only: a tensor-parallel rank would need its slice of the blocks."""
-        if self.tp.size > 1:
-            raise ValueError("GGUF int4 blocks load without tensor parallelism only")
-        out: dict[Linear, QuantizedWeight] = {}
-        for i, layer in enumerate(self.layers):
-            modules = {"self_attn": layer.self_attn, "mlp": layer.mlp}
-            for linear_name, sources in GGUF_INT4_SOURCES.items():
-                parent, attr = linear_name.split(".")
-                for parts in sources:  # merged in the checkpoint, or stacked from parts
-                    keys = [f"model.layers.{i}.{name}.weight" for name in parts]
-                    if all(f"{k}.codes" in blocks for k in keys):
-                        codes, scale, minimum = (
-                            torch.cat([blocks[f"{k}.{field}"] for k in keys])
-                            for field in ("codes", "scale", "min")
-                        )
-                        linear = getattr(modules[parent], attr)
-                        out[linear] = int4_from_blocks(unpack_nibbles(codes), scale, minimum)
-                        break
-        return out
 
     def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
         """Copy HF-named checkpoint tensors in; every parameter exactly once, none unknown.

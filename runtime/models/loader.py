@@ -173,17 +173,6 @@ def gguf_checkpoint(path: Path, cache_dir: Path) -> Path:
     return out
 
 
-def gguf_int4_blocks(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The 4-bit blocks a GGUF conversion kept (gguf_convert.int4_blocks), by HF tensor name
-    plus ".codes" / ".scale" / ".min"; empty for other checkpoints."""
-    from safetensors.torch import load_file
-
-    from .gguf_convert import INT4_BLOCKS_FILE
-
-    path = ckpt / INT4_BLOCKS_FILE
-    return load_file(str(path)) if path.exists() else {}
-
-
 def load_model(
     model: str,
     dtype: torch.dtype = torch.float32,

@@ -10,7 +10,8 @@ import torch
 from stemma.runtime.engine import Engine
 from stemma.runtime.models import loader
 from stemma.runtime.models.gguf_convert import INT4_BLOCKS_FILE
-from stemma.runtime.models.loader import gguf_int4_blocks, load_decoder, resolve_checkpoint
+from stemma.runtime.models.gguf_int4 import gguf_int4_blocks, int4_from_gguf_blocks
+from stemma.runtime.models.loader import load_decoder, resolve_checkpoint
 from stemma.runtime.models.quant import dequantize, quantize, unpack_nibbles
 
 from .gguf_writer import write_gguf
@@ -38,7 +39,7 @@ def test_blocks_are_the_files_weights(quantized_gguf, tmp_path):
     torch.testing.assert_close(
         minimum + codes * scale, net.layers[0].self_attn.qkv_proj.weight[:rows]
     )
-    given = net.int4_from_gguf_blocks(blocks)
+    given = int4_from_gguf_blocks(net, blocks)
     assert len(given) == net.num_linears == NUM_LINEARS
     direct_err = requant_err = 0.0
     for linear, qw in given.items():
@@ -69,7 +70,7 @@ def test_engine_reports_and_uses_the_blocks(quantized_gguf, tmp_path, make_promp
         assert len(out["output_ids"]) == 6
         net = engine.runner.model
         ckpt = resolve_checkpoint(str(path), cache)
-        want = net.int4_from_gguf_blocks(gguf_int4_blocks(ckpt))
+        want = int4_from_gguf_blocks(net, gguf_int4_blocks(ckpt))
         for linear in (net.layers[0].self_attn.qkv_proj, net.layers[1].mlp.down_proj):
             assert torch.equal(dequantize(linear.quant), dequantize(want[linear]))
     finally:

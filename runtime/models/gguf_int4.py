@@ -1,0 +1,64 @@
+"""A GGUF's own 4-bit blocks as the int4 weights of a decoder's linears.
+
+The conversion keeps every Q4_0 / Q4_1 linear's codes, scales and minimums beside the float32
+weights (gguf_convert.int4_blocks, INT4_BLOCKS_FILE); `--quantization int4` packs those
+(quant.int4_from_blocks) instead of re-quantizing the float32 copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .decoder import DecoderForCausalLM
+from .gguf_convert import INT4_BLOCKS_FILE
+from .layers import Linear
+from .quant import QuantizedWeight, int4_from_blocks, unpack_nibbles
+
+# Each linear's checkpoint tensors: merged (Phi-3), or the parts stacked in it.
+GGUF_INT4_SOURCES = {
+    "self_attn.qkv_proj": [
+        ["self_attn.qkv_proj"],
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+    ],
+    "self_attn.o_proj": [["self_attn.o_proj"]],
+    "mlp.gate_up_proj": [["mlp.gate_up_proj"], ["mlp.gate_proj", "mlp.up_proj"]],
+    "mlp.down_proj": [["mlp.down_proj"]],
+}
+
+
+def gguf_int4_blocks(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The 4-bit blocks a GGUF conversion kept, by HF tensor name plus ".codes" ([out, in / 2]
+    two codes a byte), ".scale" and ".min" ([out, in / 32]); empty for other checkpoints."""
+    from safetensors.torch import load_file
+
+    path = ckpt / INT4_BLOCKS_FILE
+    return load_file(str(path)) if path.exists() else {}
+
+
+def int4_from_gguf_blocks(
+    model: DecoderForCausalLM, blocks: dict[str, torch.Tensor]
+) -> dict[Linear, QuantizedWeight]:
+    """The int4 weights of the model's linears whose checkpoint tensors all have blocks; a
+    merged linear stacks its parts' blocks. One process only: a tensor-parallel rank would
+    need its slice of the blocks."""
+    if not blocks:
+        return {}
+    if model.tp.size > 1:
+        raise ValueError("GGUF int4 blocks load without tensor parallelism only")
+    out: dict[Linear, QuantizedWeight] = {}
+    for i, layer in enumerate(model.layers):
+        for linear_name, sources in GGUF_INT4_SOURCES.items():
+            parent, attr = linear_name.split(".")
+            for parts in sources:
+                keys = [f"model.layers.{i}.{name}.weight" for name in parts]
+                if all(f"{k}.codes" in blocks for k in keys):
+                    codes, scale, minimum = (
+                        torch.cat([blocks[f"{k}.{field}"] for k in keys])
+                        for field in ("codes", "scale", "min")
+                    )
+                    linear = getattr(getattr(layer, parent), attr)
+                    out[linear] = int4_from_blocks(unpack_nibbles(codes), scale, minimum)
+                    break
+    return out
