@@ -14,6 +14,7 @@ from typing import Any
 from .choices import ChoicesSamplingMethod, token_length_normalized
 from .constraints import dtype_regex, schema_to_json
 from .sampling import SamplingParams
+from .sampling_table import check_param
 
 
 class Expr:
@@ -137,12 +138,15 @@ def gen(
     return_text_in_logprobs: bool | None = None,
     n: int | None = None,
     choices_method: ChoicesSamplingMethod | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
 ) -> Gen | Select:
     """Generate text and capture it as `name` (a list of n texts when n > 1).
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model class),
     `choices` or `dtype`. With `choices` this is `select(name, choices, temperature,
-    choices_method)`, as in SGLang: each choice is scored, none generated. `dtype` int, float or
+    choices_method)`, as in SGLang: each choice is scored, none generated. `repetition_penalty`
+    and `seed` go past SGLang's gen: the runtime's fields of the same names. `dtype` int, float or
     bool (or their names) captures the value parsed to that type; str captures the generated
     quoted string as its raw text, quotes included (SGLang's behaviour). Unset options take the
     program-level defaults.
@@ -172,8 +176,10 @@ def gen(
         min_p=min_p,
         frequency_penalty=frequency_penalty,
         presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
         ignore_eos=ignore_eos,
         n=n,
+        seed=seed,
         regex=_constraint_regex(regex, json_schema, dtype),
         json_schema=None if json_schema is None else schema_to_json(json_schema),
         return_logprob=return_logprob,
@@ -217,9 +223,8 @@ def select(
         raise ValueError(f"select needs choices as a non-empty list of non-empty str: {choices!r}")
     if not isinstance(choices_method, ChoicesSamplingMethod):
         raise TypeError(f"choices_method must be a ChoicesSamplingMethod, got {choices_method!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-        raise ValueError(f"select temperature must be a number >= 0, got {temperature!r}")
-    return Select(name, list(choices), choices_method, float(temperature))
+    # The runtime's temperature rule (lang/sampling_table.py), though select applies it here.
+    return Select(name, list(choices), choices_method, check_param("temperature", temperature))
 
 
 def _constraint_regex(regex: str | None, json_schema: Any, dtype: Any) -> str | None:

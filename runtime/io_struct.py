@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..lang.sampling_table import REQUEST_PARAMS
 from .sampling.params import SamplingParams
 from .scheduler.req import LogprobRequest
 
@@ -145,17 +146,12 @@ def _logprob_requests(d: dict[str, Any], num: int) -> list[LogprobRequest]:
 
 
 def _logprob_request(d: dict[str, Any]) -> LogprobRequest:
-    lr = LogprobRequest(
-        return_logprob=d.get("return_logprob") or False,
-        logprob_start_len=-1 if d.get("logprob_start_len") is None else d["logprob_start_len"],
-        top_logprobs_num=d.get("top_logprobs_num") or 0,
-        return_text_in_logprobs=d.get("return_text_in_logprobs") or False,
+    def get(name: str, default: Any) -> Any:
+        return default if d.get(name) is None else REQUEST_PARAMS[name].check(d[name])
+
+    return LogprobRequest(
+        return_logprob=get("return_logprob", False),
+        logprob_start_len=get("logprob_start_len", -1),
+        top_logprobs_num=get("top_logprobs_num", 0),
+        return_text_in_logprobs=get("return_text_in_logprobs", False),
     )
-    for name in ("return_logprob", "return_text_in_logprobs"):
-        if not isinstance(getattr(lr, name), bool):
-            raise TypeError(f"{name} must be a bool, got {getattr(lr, name)!r}")
-    for name, low in (("logprob_start_len", -1), ("top_logprobs_num", 0)):
-        v = getattr(lr, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
-    return lr

@@ -28,6 +28,7 @@ ENGINE_MODULES = {"engine", "engine_state", "inbox", "inprocess", "io_struct", "
 SHARED_MODULES = {"config", "dtype_policy", "faults", "tokenizer"}
 RUNTIME_MAY_IMPORT = ("stemma.radix", "stemma.kernels", "stemma.lang.backend")
 RUNTIME_MAY_IMPORT += ("stemma.lang.constraints",)  # the one source of constraint constants
+RUNTIME_MAY_IMPORT += ("stemma.lang.sampling_table",)  # the one table of sampling parameters
 
 
 def may_import(layer: str) -> set[str]:
@@ -139,7 +140,7 @@ def test_lang_is_whole():
 @pytest.mark.parametrize("path", package_files("runtime"), ids=str)
 def test_runtime_layers(path):
     """A lower layer never imports a higher one; runtime reaches outside only for radix,
-    kernels and lang's backend protocol and constraint constants."""
+    kernels and lang's backend protocol, constraint constants and sampling table."""
     layer = runtime_layer(module_name(path))
     allowed = may_import(layer)
     for name, _, type_only in imports_of(path):

@@ -18,13 +18,18 @@ if TYPE_CHECKING:
 MAX_DRAFT_TOKENS = 64  # well inside the Matcher's rollback window (MAX_ROLLBACK = 1024)
 
 
-def make_draft(req: Req, tokenizer: Tokenizer) -> None:
+def make_draft(req: Req, tokenizer: Tokenizer, context_len: int) -> None:
     """After a token is verified: the ids the constraint forces next, kept pending (not in
     output_ids, the matcher not advanced) until the model confirms them. The draft runs to
     the end of the forced text, boundary token included: verification, not the draft,
-    decides where forced text meets free text."""
+    decides where forced text meets free text. It stops where decoding without it would
+    have stopped: at max_new_tokens, and short of the context, whose last position never
+    gets K/V (the step that samples it is the request's last)."""
     m = req.grammar
-    room = req.params.max_new_tokens - len(req.output_ids) - 1  # the round after the draft
+    room = min(
+        req.params.max_new_tokens - len(req.output_ids) - 1,  # the round after the draft
+        context_len - 1 - req.seq_len,
+    )
     if m is None or room <= 0 or m.is_finished():
         return
     forced = m.jump_forward(tokenizer, stop_before_merge=False)

@@ -3,12 +3,16 @@
 Per request it plans which logit rows the step needs (the last verified token's position and
 each draft token's, when tokens are to be sampled; every prompt position from
 logprob_start_len on when prompt logprobs were asked for), samples all requests at once in
-rounds (runtime/scheduler/draft.py), then checks stop conditions.
+rounds (runtime/scheduler/draft.py), then checks stop conditions. What one request's own
+outputs raise (its logprobs, stops, draft) fails that request alone, never its batch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +25,8 @@ from ..tokenizer import Tokenizer
 from .batch import ScheduledBatch
 from .draft import accept_into_grammar, drop_draft, make_draft
 from .req import FinishReason, Req
+
+log = logging.getLogger("stemma.outputs")
 
 
 @dataclass(slots=True)
@@ -84,11 +90,14 @@ class OutputProcessor:
         logits = self.widen(batch.reqs, plans, logits)
         for req, n in zip(batch.reqs, batch.num_new):
             req.kv_len += n
-        self.record_input_logprobs(batch.reqs, plans, logits)
+        for req, plan in zip(batch.reqs, plans):
+            if plan.input_positions:
+                with failing_alone(req, num_verified=0):
+                    self.record_input_logprobs(req, plan, logits)
         active = [
             (r, p.first_row + len(p.input_positions))
             for r, p in zip(batch.reqs, plans)
-            if p.num_sample
+            if p.num_sample and r.finish is None
         ]
         round_idx = 0
         while active:  # round r: position r of every request still verifying
@@ -97,9 +106,10 @@ class OutputProcessor:
         done: list[Req] = []
         for req in batch.reqs:
             if req.finish is None and not req.is_prefilling and not req.draft:
-                req.finish = self.check_finish(req)
-                if req.finish is None and self.jump_forward:
-                    make_draft(req, self.tokenizer)
+                with failing_alone(req, num_verified=None):
+                    req.finish = self.check_finish(req)
+                    if req.finish is None and self.jump_forward:
+                        make_draft(req, self.tokenizer, self.context_len)
             if req.finish is not None:
                 done.append(req)
         return done
@@ -143,13 +153,8 @@ class OutputProcessor:
                 continue
             token = out.next_ids[i]
             confirmed = r < len(req.draft) and token == req.draft[r]
-            if not confirmed:
-                drop_draft(req, r)
-            self.append_token(req, token, out.logprobs[i], out.top_logprobs, i)
-            req.num_forced_tokens += confirmed
-            accept_into_grammar(req, token, self.eos_ids)
-            if req.finish is None and (stop := self.check_finish(req)) is not None:
-                req.finish = stop
+            with failing_alone(req, num_verified=r):
+                self.advance(req, token, confirmed, r, out, i)
             if req.finish is not None:
                 if req.draft:  # finished on a confirmed token: the rest of the draft goes
                     drop_draft(req, r + 1)
@@ -157,13 +162,28 @@ class OutputProcessor:
                 still.append((req, row))
         return still
 
+    def advance(self, req: Req, token: int, confirmed: bool, r: int, out, i: int) -> None:
+        """Append round r's sampled token to one request and check whether it finished."""
+        if not confirmed:
+            drop_draft(req, r)
+        self.append_token(req, token, out.logprobs[i], out.top_logprobs, i)
+        req.num_forced_tokens += confirmed
+        accept_into_grammar(req, token, self.eos_ids)
+        if req.finish is None and (stop := self.check_finish(req)) is not None:
+            req.finish = stop
+
     def sample(self, reqs: list[Req], logits: torch.Tensor):
         """One sampler call over these rows, under their constraints' masks."""
         matchers = [r.grammar for r in reqs]
         bitmask = None
         if any(m is not None for m in matchers):
             bitmask = fill_bitmask(matchers, self.sampler.vocab_size).to(logits.device)
-        top_n = [r.logprob.top_logprobs_num if r.logprob.return_logprob else 0 for r in reqs]
+        # More top logprobs than the vocabulary holds are all of it (torch.topk would raise).
+        vocab = logits.shape[-1]
+        top_n = [
+            min(r.logprob.top_logprobs_num, vocab) if r.logprob.return_logprob else 0
+            for r in reqs
+        ]
         try:
             want = any(r.logprob.return_logprob for r in reqs)
             out = self.sampler.sample(logits, [r.sampling for r in reqs], bitmask, top_n, want)
@@ -171,24 +191,22 @@ class OutputProcessor:
         except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
             return e.output, set(e.row_idxs)
 
-    def record_input_logprobs(self, reqs: list[Req], plans: list[RowPlan], logits) -> None:
-        for req, plan in zip(reqs, plans):
-            if not plan.input_positions:
-                continue
-            if not req.input_logprobs and req.logprob.logprob_start_len == 0:
-                req.input_logprobs.append((None, req.input_ids[0]))
-                req.input_top_logprobs.append(None)
-            n = len(plan.input_positions)
-            lp = torch.log_softmax(logits[plan.first_row : plan.first_row + n].double(), dim=-1)
-            targets = torch.tensor([req.input_ids[p + 1] for p in plan.input_positions])
-            picked = lp.gather(1, targets[:, None])[:, 0].tolist()
-            req.input_logprobs += list(zip(picked, targets.tolist()))
-            k = req.logprob.top_logprobs_num
-            if k > 0:
-                vals, ids = lp.topk(k, dim=-1)
-                req.input_top_logprobs += [
-                    list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())
-                ]
+    def record_input_logprobs(self, req: Req, plan: RowPlan, logits: torch.Tensor) -> None:
+        """The logprob of each planned prompt position's next token, and its top list."""
+        if not req.input_logprobs and req.logprob.logprob_start_len == 0:
+            req.input_logprobs.append((None, req.input_ids[0]))
+            req.input_top_logprobs.append(None)
+        n = len(plan.input_positions)
+        lp = torch.log_softmax(logits[plan.first_row : plan.first_row + n].double(), dim=-1)
+        targets = torch.tensor([req.input_ids[p + 1] for p in plan.input_positions])
+        picked = lp.gather(1, targets[:, None])[:, 0].tolist()
+        req.input_logprobs += list(zip(picked, targets.tolist()))
+        k = min(req.logprob.top_logprobs_num, lp.shape[-1])
+        if k > 0:
+            vals, ids = lp.topk(k, dim=-1)
+            req.input_top_logprobs += [
+                list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())
+            ]
 
     def append_token(self, req: Req, token: int, logprob: float, top, i: int) -> None:
         req.output_ids.append(token)
@@ -209,18 +227,21 @@ class OutputProcessor:
             return FinishReason("stop", matched=last)
         if p.stop_token_ids and last in p.stop_token_ids:
             return FinishReason("stop", matched=last)
-        if p.stop or p.stop_regex:
+        if p.stop:
             tail = self.tail_text(req)
-            for s in p.stop or []:
+            for s in p.stop:
                 if s in tail:
                     return FinishReason("stop", matched=s)
-            for pattern in p.stop_regex or []:
-                m = re.search(pattern, self.tokenizer.decode(req.output_ids))
-                if m:
+        if p.stop_regex:
+            text = self.tokenizer.decode(req.output_ids, p.skip_special_tokens)
+            for pattern in p.stop_regex:
+                if m := re.search(pattern, text):
                     return FinishReason("stop", matched=m.group(0))
         if len(req.output_ids) >= p.max_new_tokens:
             return FinishReason("length", length=p.max_new_tokens)
-        if req.seq_len >= self.context_len:
+        # The verified sequence: during verification rounds the draft still holds tokens
+        # that output_ids already has, and seq_len would count them twice.
+        if len(req.input_ids) + len(req.output_ids) >= self.context_len:
             return FinishReason("length", length=len(req.output_ids))
         return None
 
@@ -229,6 +250,22 @@ class OutputProcessor:
         longest = max(len(s) for s in req.params.stop)
         ids = req.output_ids[-(longest + 2) :]
         return self.tokenizer.decode(ids, req.params.skip_special_tokens)
+
+
+@contextlib.contextmanager
+def failing_alone(req: Req, num_verified: int | None) -> Iterator[None]:
+    """Finish `req` with an abort if its own output handling raises, so the rest of the
+    batch goes on. num_verified: how many of its draft tokens this step verified (their K/V
+    stands); None when the draft has no K/V yet."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - this request fails; the batch and engine go on
+        log.exception("request %s failed in output processing", req.rid)
+        if num_verified is None:
+            req.draft = []
+        elif req.draft:
+            drop_draft(req, num_verified)
+        req.finish = FinishReason("abort", message=f"output processing: {type(e).__name__}: {e}")
 
 
 def take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

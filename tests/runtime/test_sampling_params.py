@@ -200,3 +200,65 @@ def test_check_vocab_rejects_out_of_range_ids() -> None:
         SamplingParams.from_dict({"stop_token_ids": [3, 10]}).check_vocab(10)
     with pytest.raises(ValueError, match=r"logit_bias .*\[12\]"):
         SamplingParams.from_dict({"logit_bias": {"12": 1.0}}).check_vocab(10)
+
+
+# One bad value per checked field: lang's gen/run and the runtime must refuse each alike.
+BAD_VALUES = [
+    ("max_new_tokens", -1),
+    ("min_new_tokens", 1.5),
+    ("stop", ""),
+    ("stop_token_ids", [-3]),
+    ("stop_regex", "(a"),
+    ("temperature", -0.5),
+    ("top_p", 0.0),
+    ("top_k", -2),
+    ("min_p", 2.0),
+    ("frequency_penalty", 3.0),
+    ("presence_penalty", "x"),
+    ("repetition_penalty", 3.0),
+    ("n", 0),
+    ("ignore_eos", "yes"),
+    ("seed", -1),
+    ("regex", 5),
+    ("json_schema", "{not json"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_VALUES)
+def test_lang_refuses_what_the_runtime_refuses_with_its_message(name: str, value: Any) -> None:
+    from stemma.lang.sampling import SamplingParams as LangParams
+
+    with pytest.raises((TypeError, ValueError)) as runtime_error:
+        SamplingParams.from_dict({name: value})
+    with pytest.raises(type(runtime_error.value)) as lang_error:
+        LangParams(**{name: value})
+    assert str(lang_error.value) == str(runtime_error.value)
+
+
+def test_a_bad_run_default_fails_at_run_not_at_the_backend() -> None:
+    """run(repetition_penalty=3.0) once passed lang and failed at the runtime."""
+    from stemma.lang import function, gen
+
+    @function
+    def prog(s):
+        s += "x" + gen("y", max_tokens=2)
+
+    with pytest.raises(ValueError, match=r"sampling_params.repetition_penalty must be in \(0, 2\]"):
+        prog.run(backend=None, repetition_penalty=3.0)
+    with pytest.raises(ValueError, match=r"sampling_params.repetition_penalty must be in \(0, 2\]"):
+        gen("y", repetition_penalty=3.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens must be <= max_new_tokens"),
+        ({"regex": "a", "json_schema": "{}"}, "at most one of"),
+    ],
+)
+def test_joined_rules_hold_on_both_sides(values: dict[str, Any], fragment: str) -> None:
+    from stemma.lang.sampling import SamplingParams as LangParams
+
+    for build in (SamplingParams.from_dict, lambda v: LangParams(**v)):
+        with pytest.raises(ValueError, match=fragment):
+            build(values)
