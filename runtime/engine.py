@@ -129,9 +129,8 @@ class Engine:
         return self.generate(text, sampling_params, input_ids, stream=True, **fields)
 
     async def async_generate_stream(self, text=None, sampling_params=None, input_ids=None, **kw):
-        async for chunk in await self.async_generate(
-            text, sampling_params, input_ids, stream=True, **kw
-        ):
+        stream = await self.async_generate(text, sampling_params, input_ids, stream=True, **kw)
+        async for chunk in stream:
             yield chunk
 
     def abort(self, rid: str, message: str = "aborted by the caller") -> None:
@@ -142,6 +141,7 @@ class Engine:
         self._call(self.scheduler.flush_cache)
 
     def get_model_info(self) -> dict[str, Any]:
+        tok = self.tokenizer
         return {
             "model_path": self.config.model,
             "is_generation": True,
@@ -152,10 +152,8 @@ class Engine:
             "weights_note": self.runner.weights_note,
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
-            "eos_token_ids": sorted(self.tokenizer.eos_token_ids),
-            "chat_template": (
-                self.tokenizer.chat_roles().to_dict() if self.tokenizer.chat_template else None
-            ),
+            "eos_token_ids": sorted(tok.eos_token_ids),
+            "chat_template": tok.chat_roles().to_dict() if tok.chat_template else None,
         }
 
     def get_metrics(self) -> dict[str, Any]:
@@ -353,19 +351,28 @@ class Engine:
 
     def _emit(self, reqs: list[Req]) -> None:
         for req in reqs:
-            handle = self._handles.get(req.rid)
-            if handle is None:
+            if (handle := self._handles.get(req.rid)) is None:
                 continue
-            if req.finish is not None:
+            try:
+                self._emit_one(req, handle)
+            except Exception as e:  # noqa: BLE001 - this request fails; the loop goes on
+                log.exception("request %s: building its response failed", req.rid)
+                req.finish = FinishReason("abort", message=f"engine error: {e!r}")
+                self.scheduler.abort(req.rid, req.finish.message)
                 del self._handles[req.rid]
-                self.metrics.on_finish(req)
-                out = self.responses.build(req, final_text(self.tokenizer, req))
-                self._deliver(handle, req, (handle.index, out, True))
-            elif handle.stream is not None and len(req.output_ids) > handle.stream.num_ids:
-                text = handle.stream.update(req)
-                self._deliver(handle, req, (handle.index, self.responses.build(req, text), False))
-            if req.output_ids and req.first_token_time is None:
-                self.metrics.on_first_token(req)
+                self._deliver(handle, req, (handle.index, self.responses.failed(req), True))
+
+    def _emit_one(self, req: Req, handle: Handle) -> None:
+        if req.finish is not None:
+            out = self.responses.build(req, final_text(self.tokenizer, req))
+            del self._handles[req.rid]
+            self.metrics.on_finish(req)
+            self._deliver(handle, req, (handle.index, out, True))
+        elif handle.stream is not None and len(req.output_ids) > handle.stream.num_ids:
+            text = handle.stream.update(req)
+            self._deliver(handle, req, (handle.index, self.responses.build(req, text), False))
+        if req.output_ids and req.first_token_time is None:
+            self.metrics.on_first_token(req)
 
     def _deliver(self, handle: Handle, req: Req, event: Event) -> None:
         try:
@@ -386,8 +393,7 @@ class Engine:
     def _fail_batch(self, message: str) -> list[Req]:
         batch = self.scheduler.last_batch
         reqs = list(batch.reqs) if batch is not None else list(self.scheduler.running)
-        failed = [self.scheduler.abort(r.rid, message) for r in reqs]
-        return [r for r in failed if r is not None]
+        return [r for r in (self.scheduler.abort(r.rid, message) for r in reqs) if r is not None]
 
     def _abort_all(self, message: str) -> None:
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):

@@ -62,14 +62,7 @@ class ResponseBuilder:
     start_time: float = field(default_factory=time.monotonic)
 
     def build(self, req: Req, text: str) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens,
-            "finish_reason": req.finish.to_dict() if req.finish else None,
-            "e2e_latency": time.monotonic() - req.arrival_time,
-        }
+        meta = self.meta(req)
         if req.logprob.return_logprob:
             tok, with_text = self.tokenizer, req.logprob.return_text_in_logprobs
             meta["input_token_logprobs"] = _lp_list(tok, req.input_logprobs, with_text)
@@ -83,3 +76,19 @@ class ResponseBuilder:
                     _lp_list(tok, top, with_text) for top in req.output_top_logprobs
                 ]
         return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    def failed(self, req: Req) -> dict[str, Any]:
+        """The final response of a request whose own response could not be built: its
+        finish reason and counts, no text or logprobs (the part that failed)."""
+        return {"text": "", "output_ids": list(req.output_ids), "meta_info": self.meta(req)}
+
+    @staticmethod
+    def meta(req: Req) -> dict[str, Any]:
+        return {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish.to_dict() if req.finish else None,
+            "e2e_latency": time.monotonic() - req.arrival_time,
+        }

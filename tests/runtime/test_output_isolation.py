@@ -101,3 +101,33 @@ def test_a_draft_stops_short_of_the_context(jump_forward: bool):
     }
     assert FORCED.startswith(near["text"]) and near["text"]
     assert beside["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+
+
+def test_a_response_that_cannot_be_built_fails_its_request_not_the_engine(
+    tiny_llama_dir, monkeypatch: pytest.MonkeyPatch
+):
+    """The engine thread builds every response; one that raised there once ended the thread,
+    and every request after it waited forever."""
+    from stemma.runtime.engine import Engine
+    from stemma.runtime.response import ResponseBuilder
+
+    real = ResponseBuilder.build
+
+    def build(self, req, text):
+        if req.rid == "bad":
+            raise UnicodeError("cannot decode this one")
+        return real(self, req, text)
+
+    monkeypatch.setattr(ResponseBuilder, "build", build)
+    with Engine(str(tiny_llama_dir), dtype="float32", max_total_tokens=256) as engine:
+        bad, good = engine.generate(
+            input_ids=PROMPTS,
+            sampling_params={"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+            rid=["bad", "good"],
+        )
+        after = engine.generate(input_ids=PROMPTS[1], sampling_params={"max_new_tokens": 2})
+        assert engine.memory_state()["invariant_ok"]
+    assert bad["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "cannot decode this one" in bad["meta_info"]["finish_reason"]["message"]
+    assert good["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+    assert after["meta_info"]["completion_tokens"] >= 1
