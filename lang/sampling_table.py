@@ -104,7 +104,10 @@ def as_logit_bias(name: str, value: object) -> dict[int, float]:
 def as_json_text(name: str, value: object) -> str:
     """A JSON document given as text or as a dict, normalized to text."""
     if isinstance(value, dict):
-        return json.dumps(value)
+        try:
+            return json.dumps(value)
+        except RecursionError as e:
+            raise ValueError(f"{name} is nested too deeply to serialize") from e
     if not isinstance(value, str):
         raise type_error(name, value, "a JSON string or an object")
     try:

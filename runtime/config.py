@@ -28,6 +28,13 @@ class EngineConfig:
     enable_jump_forward: bool = True  # append text a constraint forces without a forward
     grammar_timeout_s: float = 20.0  # a constraint compiling longer fails its request
     grammar_max_index_mb: int = 256  # a compiled constraint larger than this fails its request
+    # Bounds on one /generate request, checked before any work is spent on it (io_struct.py).
+    max_request_items: int = 1024  # prompts x n (vLLM: 1024 prompts)
+    max_top_logprobs: int = 20  # top_logprobs_num (vLLM's max_logprobs)
+    max_stop_strings: int = 32  # stop strings and stop regexes together
+    max_stop_chars: int = 1024  # characters in one stop string or stop regex
+    max_prompt_chars: int = 1 << 20  # characters of one text prompt, before tokenizing
+    max_constraint_chars: int = 1 << 16  # characters of a regex / json_schema / ebnf
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
     chat_template: str | None = None  # a Jinja file or template replacing the checkpoint's
@@ -70,10 +77,17 @@ class EngineConfig:
             "max_running_requests",
             "chunked_prefill_size",
             "max_prefill_tokens",
+            "max_request_items",
+            "max_stop_strings",
+            "max_stop_chars",
+            "max_prompt_chars",
+            "max_constraint_chars",
         )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_top_logprobs < 0:
+            raise ValueError(f"max_top_logprobs must be >= 0, got {self.max_top_logprobs}")
         if self.grammar_timeout_s <= 0 or self.grammar_max_index_mb < 1:
             raise ValueError("grammar_timeout_s must be > 0 and grammar_max_index_mb >= 1")
         self._check_parallel()

@@ -201,7 +201,7 @@ class Engine:
         if self.unavailable is not None:
             raise EngineUnavailable(f"{self.unavailable}; the engine accepts no new requests")
         d = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params, **fields}
-        request = GenerateRequest.from_dict({k: v for k, v in d.items() if v is not None})
+        request = GenerateRequest.from_dict(d, self.config)
         return request, [self._make_req(item) for item in request.items]
 
     def _make_req(self, item) -> Req:

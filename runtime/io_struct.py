@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lang.sampling_table import REQUEST_PARAMS
+from .config import EngineConfig
+from .limits import check_bounds
 from .sampling.params import SamplingParams
 from .scheduler.req import LogprobRequest
 
@@ -28,6 +30,9 @@ REQUEST_FIELDS = (
     "return_text_in_logprobs",
     "stream",
 )
+
+DEFAULT_LIMITS = EngineConfig()
+
 
 
 @dataclass(slots=True)
@@ -46,23 +51,27 @@ class GenerateRequest:
     stream: bool
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> GenerateRequest:
+    def from_dict(d: dict[str, Any], limits: EngineConfig = DEFAULT_LIMITS) -> GenerateRequest:
+        """Parse one request (null values mean "not set"), bounded first by `limits`' max_*
+        fields (runtime/limits.py)."""
+        d = {k: v for k, v in d.items() if v is not None}
         unknown = sorted(set(d) - set(REQUEST_FIELDS))
         if unknown:
             raise ValueError(f"unknown request field(s) {unknown}; allowed: {list(REQUEST_FIELDS)}")
         text, ids = d.get("text"), d.get("input_ids")
         if (text is None) == (ids is None):
             raise ValueError("send exactly one of 'text' or 'input_ids'")
+        check_bounds(d, limits)
         prompts, is_batch = _prompts(text, ids)
         params = _per_item(d.get("sampling_params"), len(prompts), "sampling_params")
         rids = _per_item(d.get("rid"), len(prompts), "rid")
         if d.get("token_ids_logprob") is not None:
             raise ValueError("token_ids_logprob is not supported yet; use top_logprobs_num")
         logprobs = _logprob_requests(d, len(prompts))
+        parsed = [SamplingParams.from_dict(p) for p in params]
         items = []
         for i, prompt in enumerate(prompts):
-            logprob = logprobs[i]
-            sp = SamplingParams.from_dict(params[i])
+            logprob, sp = logprobs[i], parsed[i]
             base = rids[i] if rids[i] is not None else uuid.uuid4().hex
             if not isinstance(base, str):
                 raise TypeError(f"rid must be a string, got {type(base).__name__}")

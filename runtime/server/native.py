@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..constrained.spec import constraint_regex
+from ..limits import check_bounds
 from .errors import APIError
 from .sglang_fields import accept_sglang_fields
 from .state import ServerState
@@ -107,11 +108,11 @@ def check_regex(pattern: str, param: str) -> None:
     400 now rather than a failed request later."""
     try:
         re.compile(pattern)
-    except re.error as e:
+    except (re.error, RecursionError, OverflowError) as e:
         raise APIError(400, f"{param} {pattern!r} does not compile: {e}", param) from None
     try:
         constraint_regex(regex=pattern)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError, OverflowError) as e:
         raise APIError(400, f"{param}: {e}", param) from None
 
 
@@ -139,6 +140,10 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
         req.pop(name, None)
     if (body.text is None) == (body.input_ids is None):
         raise APIError(400, "send exactly one of 'text' or 'input_ids'", "text")
+    try:  # before any prompt is tokenized or constraint read
+        check_bounds(req, state.engine.config)
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
     is_batch = isinstance(body.text, list) or (
         isinstance(body.input_ids, list)
         and bool(body.input_ids)
