@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -204,11 +205,18 @@ class IndexCompiler:
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
             _write_frame(proc.stdin, regex.encode())
-        if self.faults.take("compile_kill"):
+        # The fault switches act whatever the child has done so far, so that a test's fault
+        # fires the same on a fast CPU, where a small compile may already have answered.
+        if self.faults.take("compile_kill"):  # dies mid-compile
             proc.send_signal(signal.SIGKILL)
-        if self.faults.take("compile_hang"):
+            raise _WorkerDied(*self.kill())
+        if self.faults.take("compile_hang"):  # stops answering until the compile timeout
             proc.send_signal(signal.SIGSTOP)
-        if not select.select([proc.stdout], [], [], self.limits.timeout_s)[0]:
+            time.sleep(self.limits.timeout_s)
+            answered = False
+        else:
+            answered = bool(select.select([proc.stdout], [], [], self.limits.timeout_s)[0])
+        if not answered:
             self.kill()
             raise CompileError(
                 f"compiling the constraint took longer than the {self.limits.timeout_s:g} s "

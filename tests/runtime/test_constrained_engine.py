@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 
 import jsonschema
 import pytest
@@ -180,12 +181,18 @@ def test_bad_constraints_fail_only_their_request(engines):
 
 
 def test_constraint_over_compile_limit_fails_that_request_only():
+    """A compile past the time limit (the hang switch, whatever this CPU's speed) fails its
+    own request; the one beside it and the next one run."""
+    name = f"s{uuid.uuid4().hex}"  # never in the disk cache of compiled constraints
     huge = {
         "type": "object",
-        "properties": {"s": {"type": "string", "maxLength": 400}},
-        "required": ["s"],
+        "properties": {name: {"type": "string", "maxLength": 400}},
+        "required": [name],
     }
-    with Engine("smollm2-135m", kv_cache_mb=128, grammar_timeout_s=0.5) as engine:
+    with Engine(
+        "smollm2-135m", kv_cache_mb=128, grammar_timeout_s=0.5, enable_fault_injection=True
+    ) as engine:
+        engine.inject_fault("compile_hang")
         outs = engine.generate(
             [prompt(engine, "Write JSON."), prompt(engine, "Say hi.")],
             [

@@ -3,7 +3,6 @@ that fail one request with a clear error while other compiles go on."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from stemma.runtime.constrained.service import (
 )
 from stemma.runtime.constrained.spec import ConstraintSpec
 from stemma.runtime.constrained.vocabulary import CompileLimits
+from stemma.runtime.faults import Faults
 
 # Compact JSON, one string of up to 200 characters: a 66 MiB index that takes seconds to build.
 HUGE = ConstraintSpec.create(
@@ -28,13 +28,18 @@ def _ready(handle: Any) -> Any:
 
 
 def test_submit_returns_at_once_and_dedupes_in_flight(smollm_vocab: Any) -> None:
-    with GrammarService(smollm_vocab, cache_dir=None, num_workers=1) as svc:
-        start = time.perf_counter()
+    faults = Faults(enabled=True)
+    faults.arm("compile_hang")  # the first compile cannot finish before the 1 s limit
+    limits = CompileLimits(timeout_s=1.0)
+    with GrammarService(
+        smollm_vocab, cache_dir=None, num_workers=1, limits=limits, faults=faults
+    ) as svc:
         first = svc.submit(r"[0-9]{3}-[0-9]{4}")
         second = svc.submit(ConstraintSpec(regex=r"[0-9]{3}-[0-9]{4}"))
-        assert time.perf_counter() - start < 0.05
-        assert first is second
-        _ready(first)
+        assert first is second and not first.ready()  # returned while the compile runs
+        assert "longer than the 1 s limit" in _ready(first).error
+    with GrammarService(smollm_vocab, cache_dir=None, num_workers=1) as svc:
+        first = _ready(svc.submit(r"[0-9]{3}-[0-9]{4}"))
         assert first.error is None and svc.stats.compiles == 1
         # Ready immediately from memory; each matcher is independent.
         third = svc.submit(r"[0-9]{3}-[0-9]{4}")
@@ -87,8 +92,14 @@ def test_memory_cache_is_bounded_by_bytes(smollm_vocab: Any) -> None:
 
 
 def test_bad_inputs_fail_their_own_handles_only(smollm_vocab: Any) -> None:
+    """A compile past the time limit (the hang switch: one worker, so the first job takes
+    it), bad patterns and refused keywords each fail their own handle only."""
+    faults = Faults(enabled=True)
+    faults.arm("compile_hang")
     limits = CompileLimits(timeout_s=1.0)
-    with GrammarService(smollm_vocab, cache_dir=None, limits=limits, num_workers=2) as svc:
+    with GrammarService(
+        smollm_vocab, cache_dir=None, limits=limits, num_workers=1, faults=faults
+    ) as svc:
         huge = svc.submit(HUGE)
         bad_regex = svc.submit("(a|b")
         lookaround = svc.submit("(?=a)a")
@@ -103,6 +114,7 @@ def test_bad_inputs_fail_their_own_handles_only(smollm_vocab: Any) -> None:
         assert "lookahead" in _ready(lookaround).error
         assert "#: minimum" in _ready(unsupported).error
         assert "longer than the 1 s limit" in _ready(huge).error
+        assert faults.fired["compile_hang"] == 1
         with pytest.raises(ValueError, match="1 s limit"):
             huge.matcher()
         # The worker that was killed comes back for the next compile; failures are remembered.
