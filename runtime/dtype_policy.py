@@ -134,7 +134,7 @@ def plan_small_steps(
 
 
 @functools.cache  # a property of this machine and shape: measured once per process
-def fp16_weights_win(hidden: int, inter: int) -> bool:
+def fp16_weights_win(hidden: int, inter: int, weight_bytes: int = 64 << 20) -> bool:
     """Whether fbgemm's matmul on float16 weights (float32 activations, widened in registers)
     beats float32 at 1, 8 and 64 rows here, over 64 MB of float32 weights so that they
     stream from memory as a model's do. On a 2-core AVX2 EPYC, over SmolLM2-135M's 120
@@ -143,7 +143,7 @@ def fp16_weights_win(hidden: int, inter: int) -> bool:
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         return False
     torch.backends.quantized.engine = "fbgemm"
-    count = max(1, (64 << 20) // (4 * hidden * inter))
+    count = max(1, weight_bytes // (4 * hidden * inter))
     weights = [torch.empty(inter, hidden).uniform_(-0.05, 0.05) for _ in range(count)]
     packed = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in weights]
     fp16_matmul = torch.ops.quantized.linear_dynamic_fp16
@@ -168,11 +168,13 @@ def available_memory_bytes() -> int | None:
 
 
 @functools.cache  # a property of this machine and shape: measured once per process
-def bfloat16_small_step_rows(hidden: int, inter: int, max_rows: int = 8) -> int:
+def bfloat16_small_step_rows(
+    hidden: int, inter: int, max_rows: int = 8, weight_bytes: int = 64 << 20
+) -> int:
     """The most rows (1, 2, 4 or 8) at which a bfloat16 linear runs faster than float32 here,
     over 64 MB of float32 weights so that they stream from memory as a model's do (a single
     cache-resident matrix shows no difference); 0 if bfloat16 never wins."""
-    count = max(1, (64 << 20) // (4 * hidden * inter))
+    count = max(1, weight_bytes // (4 * hidden * inter))
     weights = [torch.empty(inter, hidden).uniform_(-0.05, 0.05) for _ in range(count)]
     halves = [w.to(torch.bfloat16) for w in weights]
     best = 0

@@ -34,7 +34,6 @@ REQUEST_FIELDS = (
 DEFAULT_LIMITS = EngineConfig()
 
 
-
 @dataclass(slots=True)
 class GenerateItem:
     rid: str

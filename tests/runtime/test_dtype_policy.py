@@ -11,11 +11,20 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.dtype_policy import auto_dtype, cpu_has_native_bf16, resolve_dtype
 
 
-def test_auto_on_cpu_is_bfloat16_only_where_native():
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_on_cpu_is_bfloat16_only_where_native(native, monkeypatch):
+    """Both CPU kinds on any machine: the capability is faked, the decision is real."""
+    import stemma.runtime.dtype_policy as policy
+
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: native)
     choice = auto_dtype("cpu")
-    assert choice.name == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    assert choice.name == ("bfloat16" if native else "float32")
     assert choice.reason.startswith("auto: ")
     assert resolve_dtype("auto", "cpu") == choice
+
+
+def test_the_capability_probe_answers_a_bool():
+    assert cpu_has_native_bf16() in (True, False)
 
 
 def test_engine_config_defaults_to_auto_and_refuses_unknown_names():
@@ -26,15 +35,42 @@ def test_engine_config_defaults_to_auto_and_refuses_unknown_names():
         resolve_dtype("half", "cpu")
 
 
-@pytest.mark.skipif(cpu_has_native_bf16(), reason="bfloat16 is native on this CPU")
-def test_explicit_bfloat16_without_native_support_warns_with_a_measured_ratio(caplog):
+def test_explicit_bfloat16_without_native_support_warns_with_a_measured_ratio(caplog, monkeypatch):
+    import stemma.runtime.dtype_policy as policy
+
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(policy, "measured_slowdown", lambda *args, **kw: 9.5)
     with caplog.at_level(logging.WARNING, logger="stemma.dtype"):
         choice = resolve_dtype("bfloat16", "cpu", hidden=256, inter=512)
     assert choice.torch_dtype == torch.bfloat16
     [record] = caplog.records
-    assert "slower than in float32" in record.getMessage()
+    assert "measured 9.5x slower than in float32" in record.getMessage()
     assert "dtype='auto'" in record.getMessage()
     assert choice.reason.startswith("explicit; ")
+
+
+def test_explicit_bfloat16_where_native_is_kept_without_measuring(caplog, monkeypatch):
+    import stemma.runtime.dtype_policy as policy
+
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(policy, "measured_slowdown", lambda *a, **k: pytest.fail("measured"))
+    with caplog.at_level(logging.WARNING, logger="stemma.dtype"):
+        assert resolve_dtype("bfloat16", "cpu").reason == "explicit"
+    assert not caplog.records
+
+
+def test_the_measurements_run_on_tiny_sizes():
+    """The measuring code itself, on a few KB of weights: it returns a verdict, whatever
+    the verdict is on this CPU (the decisions are tested with injected verdicts)."""
+    from stemma.runtime.dtype_policy import (
+        bfloat16_small_step_rows,
+        fp16_weights_win,
+        measured_slowdown,
+    )
+
+    assert measured_slowdown(torch.bfloat16, torch.float32, 32, 64, rows=2) > 0
+    assert bfloat16_small_step_rows(32, 64, max_rows=2, weight_bytes=1 << 16) in (0, 1, 2)
+    assert fp16_weights_win(32, 64, weight_bytes=1 << 16) in (True, False)
 
 
 def test_explicit_native_dtype_is_kept_without_warning(caplog):
@@ -79,21 +115,30 @@ def test_small_step_copies_serve_only_steps_of_few_rows(tiny_llama_dir):
         torch.testing.assert_close(logits, ref_logits, atol=0.05 * ref_logits.abs().max(), rtol=0)
 
 
-def test_small_steps_are_planned_only_for_auto_float32_without_native_bf16():
+def test_small_steps_are_planned_only_for_auto_float32_without_native_bf16(monkeypatch):
+    """With the measurements injected: a measured row limit is planned for auto float32 on
+    a CPU without native bfloat16, and only there, and only if the copy fits in memory."""
+    import stemma.runtime.dtype_policy as policy
     from stemma.runtime.dtype_policy import DtypeChoice, plan_small_steps
 
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(policy, "fp16_weights_win", lambda hidden, inter: False)
+    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda hidden, inter: 4)
+    monkeypatch.setattr(policy, "available_memory_bytes", lambda: 8 << 30)
     f32 = DtypeChoice("float32", "explicit")
     assert plan_small_steps(f32, "float32", 64, 96, 1 << 20) == f32  # explicit: untouched
     f64 = DtypeChoice("float64", "explicit")
     assert plan_small_steps(f64, "auto", 64, 96, 1 << 20) == f64
-    huge = plan_small_steps(auto_dtype("cpu"), "auto", 64, 96, 1 << 50)
-    assert huge.small_step_rows == 0  # the copy would not fit in memory
-    planned = plan_small_steps(auto_dtype("cpu"), "auto", 64, 96, 1 << 20)
-    if cpu_has_native_bf16():
-        assert planned.small_step_rows == 0
-    else:
-        assert planned.small_step_rows in (0, 1, 2, 4, 8)
-        assert ("bfloat16 weight copy" in planned.reason) == (planned.small_step_rows > 0)
+    auto = auto_dtype("cpu")
+    assert plan_small_steps(auto, "auto", 64, 96, 1 << 50).small_step_rows == 0  # no room
+    planned = plan_small_steps(auto, "auto", 64, 96, 1 << 20)
+    assert planned.small_step_rows == 4 and "<= 4 rows use a bfloat16 weight copy" in planned.reason
+    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda hidden, inter: 0)
+    assert plan_small_steps(auto, "auto", 64, 96, 1 << 20) == auto  # bfloat16 never won
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda *a: pytest.fail("measured"))
+    native = DtypeChoice("bfloat16", "auto: native")
+    assert plan_small_steps(native, "auto", 64, 96, 1 << 20) == native
 
 
 @pytest.mark.skipif(
@@ -132,6 +177,7 @@ def test_fp16_weights_are_planned_when_measured_faster(monkeypatch):
     base = policy.DtypeChoice("float32", "auto: no native bfloat16 on this CPU (AVX2)")
     monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: False)
     monkeypatch.setattr(policy, "fp16_weights_win", lambda hidden, inter: True)
+    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda hidden, inter: 2)
     planned = policy.plan_small_steps(base, "auto", 64, 96, 1 << 20)
     assert planned.fp16_weights and planned.small_step_rows == 0
     assert "float16 weights" in planned.reason
