@@ -99,6 +99,38 @@ def build_tiny_checkpoint(
     return save_random_model(model, out)
 
 
+# The two speed measurements behind dtype "auto"'s weight plan on CPUs without native bfloat16
+# (dtype_policy.plan_small_steps). Measured for real, their verdict would depend on how fast
+# and how busy this CPU is, and it changes the numerics of every engine built with dtype
+# "auto" (float16 weights, bfloat16 copies for small steps, or neither). Tests get a fixed
+# verdict instead, "neither wins" (auto float32 computes as explicit float32); the tests of
+# the decision inject their own verdicts, and the measuring code itself runs on tiny sizes
+# through the real_speed_measurements fixture.
+_MEASURED_VERDICTS = {"fp16_weights_win": False, "bfloat16_small_step_rows": 0}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_speed_measurements():
+    """Session-wide, so that module- and session-scoped engines get the fixed verdicts too."""
+    import stemma.runtime.dtype_policy as policy
+
+    originals = {name: getattr(policy, name) for name in _MEASURED_VERDICTS}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, verdict in _MEASURED_VERDICTS.items():
+            mp.setattr(policy, name, lambda *args, _v=verdict, **kw: _v)
+        yield originals
+
+
+@pytest.fixture
+def real_speed_measurements(_no_speed_measurements, monkeypatch):
+    """The real measuring functions back, for one test (of the measuring code itself)."""
+    import stemma.runtime.dtype_policy as policy
+
+    for name, fn in _no_speed_measurements.items():
+        monkeypatch.setattr(policy, name, fn)
+    return _no_speed_measurements
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
