@@ -5,9 +5,11 @@ requests run normally. Off by default."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from stemma.runtime.constrained import vocabulary
 from stemma.runtime.constrained.vocabulary import CompileError, CompileLimits, IndexCompiler
 from stemma.runtime.engine import Engine
 from stemma.runtime.faults import Faults
@@ -85,13 +87,20 @@ def test_killed_compile_worker_is_replaced_and_the_compile_retried(smollm_vocab:
         compiler.kill()
 
 
-def test_hung_compile_worker_times_out_and_the_next_compile_works(smollm_vocab: Any) -> None:
+def test_hung_compile_worker_times_out_and_the_next_compile_works(
+    smollm_vocab: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hung worker's timeout passes on a fake clock (no wall-clock wait); the fresh
+    worker's real compile has a limit no machine comes near (it takes milliseconds)."""
+    waited: list[float] = []
+    monkeypatch.setattr(vocabulary, "time", SimpleNamespace(sleep=waited.append))
     faults = Faults(enabled=True)
-    compiler = IndexCompiler(smollm_vocab.to_binary(), CompileLimits(timeout_s=1.0), faults)
+    compiler = IndexCompiler(smollm_vocab.to_binary(), CompileLimits(timeout_s=60.0), faults)
     try:
         faults.arm("compile_hang")
-        with pytest.raises(CompileError, match="longer than the 1 s limit"):
+        with pytest.raises(CompileError, match="longer than the 60 s limit"):
             compiler.compile("(red|green)\\x00")
+        assert waited == [60.0]
         assert compiler.compile("(red|green)\\x00")
     finally:
         compiler.kill()
