@@ -113,7 +113,8 @@ def test_engine_reports_its_resolved_dtype(tiny_llama_dir, plan, monkeypatch):
         assert engine.runner.kv_pool.k[0].dtype == auto_dtype("cpu").torch_dtype
         down = engine.runner.model.layers[0].mlp.down_proj
         assert (getattr(down, "small_weight", None) is not None) == bool(rows)
-        out = engine.generate(input_ids=[[5, 9, 13]], sampling_params={"max_new_tokens": 3, "ignore_eos": True})
+        params = {"max_new_tokens": 3, "ignore_eos": True}
+        out = engine.generate(input_ids=[[5, 9, 13]], sampling_params=params)
         assert len(out[0]["output_ids"]) == 3
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stemma.runtime.constrained import vocabulary
 from stemma.runtime.constrained.service import (
     OUTLINES_CORE_VERSION,
     GrammarHandle,
     GrammarService,
 )
-from stemma.runtime.constrained import vocabulary
 from stemma.runtime.constrained.spec import ConstraintSpec
 from stemma.runtime.constrained.vocabulary import CompileLimits
 from stemma.runtime.faults import Faults
