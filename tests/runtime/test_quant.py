@@ -33,10 +33,30 @@ def test_matmul_equals_the_dequantized_weight(method, rows):
     torch.testing.assert_close(got, ref, atol=2e-2 * ref.abs().max().item(), rtol=0)
 
 
-def test_w8a8_rounds_activations_per_step_and_weights_per_channel():
+def _fake_quantized_engines(monkeypatch, engines: list[str]) -> None:
+    """torch's list of quantized-kernel libraries, as another CPU's build would have it."""
+    monkeypatch.setattr(
+        type(torch.backends.quantized), "supported_engines", property(lambda self: engines)
+    )
+
+
+def _kernels(name: str):
+    """A quantized-kernel library as a test parameter: skipped only where torch lacks it
+    (x86 builds carry both fbgemm and qnnpack, ARM builds qnnpack only)."""
+    present = name in torch.backends.quantized.supported_engines
+    return pytest.param(name, marks=pytest.mark.skipif(not present, reason=f"no {name} here"))
+
+
+@pytest.mark.parametrize("kernels", [_kernels("fbgemm"), _kernels("qnnpack")])
+def test_w8a8_rounds_activations_per_step_and_weights_per_channel(kernels, monkeypatch):
     """int8 x int8: the result is the dequantized weight times each input row rounded to
     7-bit steps of its own range, so a row of small values keeps its precision beside a
-    row of large ones."""
+    row of large ones. With x86's kernels and with ARM's (qnnpack, also in x86 builds;
+    it rounds to 8 bits, finer than the bound)."""
+    from stemma.runtime.models import quant
+
+    monkeypatch.setattr(torch.backends.quantized, "engine", torch.backends.quantized.engine)
+    monkeypatch.setattr(quant, "quantized_engine", lambda: kernels)
     w = torch.randn(96, 128) * 0.05
     qw = quantize(w, "w8a8_int8")
     weight = dequantize(qw)
@@ -51,6 +71,24 @@ def test_w8a8_rounds_activations_per_step_and_weights_per_channel():
         assert (err > 0).all()  # the activations really are rounded
     x16 = torch.randn(3, 128, dtype=torch.bfloat16)
     assert qw.matmul(x16).dtype == torch.bfloat16
+
+
+def test_quantized_kernel_choice_follows_the_build(monkeypatch):
+    """Which kernels w8a8_int8 and its vocabulary projection use, for each kind of torch
+    build, on any machine (the list of kernel libraries is faked)."""
+    from stemma.runtime.models import quant
+
+    _fake_quantized_engines(monkeypatch, ["qnnpack", "onednn", "x86", "fbgemm"])  # x86
+    assert quant.quantized_engine() == "fbgemm" and quant.fp16_weights_available()
+    assert quant.vocab_quantization("w8a8_int8") == "fp16"
+    _fake_quantized_engines(monkeypatch, ["qnnpack"])  # ARM
+    assert quant.quantized_engine() == "qnnpack" and not quant.fp16_weights_available()
+    assert quant.vocab_quantization("w8a8_int8") == "int8"
+    assert quant.vocab_quantization("int4") == "int8" and quant.vocab_quantization("int8") == "int8"
+    _fake_quantized_engines(monkeypatch, [])  # neither
+    assert quant.quantized_engine() is None
+    with pytest.raises(ValueError, match="w8a8_int8 needs torch's fbgemm"):
+        quantize(torch.randn(8, 32), "w8a8_int8")
 
 
 def test_w8a8_smoothing_tames_outlier_input_channels():
