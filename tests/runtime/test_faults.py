@@ -62,13 +62,19 @@ def test_forward_error_fails_the_batch_and_the_engine_goes_on(faulty_engine: Eng
     _all_slots_back(faulty_engine)
 
 
-def test_forward_error_mid_decode_frees_every_slot(faulty_engine: Engine) -> None:
+def test_forward_error_mid_decode_frees_every_slot(faulty_engine: Engine, step_gate) -> None:
+    """The engine is held after the first token until the fault is armed, so the fault
+    fires in the next step whatever this CPU's speed (the 32 tokens cannot finish first)."""
+    gate = step_gate(faulty_engine, free=1)
     stream = faulty_engine.generate("x y z", GREEDY | {"max_new_tokens": 32}, stream=True)
     first = next(stream)
     assert first["meta_info"]["finish_reason"] is None
     faulty_engine.inject_fault("forward_error")
-    last = list(stream)[-1]
-    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    gate.release()
+    chunks = list(stream)
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "injected fault" in chunks[-1]["meta_info"]["finish_reason"]["message"]
+    assert len(chunks[-1]["output_ids"]) == 1  # failed in the step right after the first token
     _all_slots_back(faulty_engine)
 
 

@@ -122,33 +122,3 @@ def short_server(tiny_llama_dir: Path) -> Iterator[LiveServer]:
     yield live
     live.stop()
     engine.shutdown()
-
-
-class StepGate:
-    """Holds an engine's loop before a step until the test releases it: lets `free` steps
-    run, then the next one waits. A request cannot finish on its own meanwhile, however fast
-    this CPU is, and commands sent to the engine (an abort) are seen right after the held
-    step, since the loop drains its inbox between steps."""
-
-    def __init__(self, engine: Engine, monkeypatch: pytest.MonkeyPatch, free: int) -> None:
-        self.free, self.released, self.held = free, threading.Event(), threading.Event()
-        real = engine.scheduler.step
-
-        def step() -> Any:
-            if self.free > 0:
-                self.free -= 1
-            else:
-                self.held.set()
-                assert self.released.wait(60), "the test never released the engine"
-            return real()
-
-        monkeypatch.setattr(engine.scheduler, "step", step)
-
-    def release(self) -> None:
-        self.released.set()
-
-
-@pytest.fixture
-def step_gate(monkeypatch: pytest.MonkeyPatch):
-    """step_gate(engine, free=n): a StepGate on `engine`, removed after the test."""
-    return lambda engine, free=0: StepGate(engine, monkeypatch, free)
