@@ -173,13 +173,30 @@ def snap_to_q4_1(w: torch.Tensor) -> torch.Tensor:
     return (torch.round((groups - lo) / d) * d + lo).reshape(w.shape)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4", "w8a8_int8"])
-def test_quantized_engine_tracks_the_float32_model(tiny_q4_1_dir, make_prompts, method):
+@pytest.mark.parametrize(
+    "method, build",
+    [
+        ("int8", "this"),
+        ("int4", "this"),
+        ("w8a8_int8", "this"),
+        pytest.param("w8a8_int8", "arm", marks=_kernels("qnnpack").marks),
+    ],
+)
+def test_quantized_engine_tracks_the_float32_model(
+    tiny_q4_1_dir, make_prompts, method, build, monkeypatch
+):
     """Teacher-forced on a model stored as Q4_1 (like the built-in one): at each prompt
     position the quantized model's top token is nearly always the float32 model's, and the
     prompt's logprobs stay close. (Random tiny weights have large, near-tied logits, so a
-    few top tokens flip even under int8.)"""
+    few top tokens flip even under int8.) build "arm": w8a8_int8 as an ARM build runs it
+    (qnnpack, and an int8 vocabulary projection for want of fbgemm's float16), on x86 too."""
     from stemma.runtime.engine import Engine
+    from stemma.runtime.models import quant as quant_module
+
+    if build == "arm":
+        monkeypatch.setattr(torch.backends.quantized, "engine", torch.backends.quantized.engine)
+        monkeypatch.setattr(quant_module, "quantized_engine", lambda: "qnnpack")
+        monkeypatch.setattr(quant_module, "fp16_weights_available", lambda: False)
 
     prompts = make_prompts([17, 33, 64, 90], 300, seed=3)
     fields = {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
@@ -193,6 +210,8 @@ def test_quantized_engine_tracks_the_float32_model(tiny_q4_1_dir, make_prompts, 
             if quant:
                 linear = engine.runner.model.layers[0].mlp.down_proj
                 assert linear.weight is None and linear.quant.method == method
+                vocab = engine.runner.model.lm_head.quant.method
+                assert vocab == quant_module.vocab_quantization(method)
         metas = [o["meta_info"] for o in outs]
         tops[quant] = [t[0][1] for m in metas for t in m["input_top_logprobs"][1:]]
         lps[quant] = torch.tensor([t[0] for m in metas for t in m["input_token_logprobs"][1:]])
