@@ -53,8 +53,8 @@ class Constraints:
         regex = resolve(spec).regex  # unsupported features and schema keywords, by name
         try:
             re.compile(regex)
-        except re.error as err:
-            raise ValueError(f"invalid regex: {err}") from err
+        except (re.error, RecursionError, OverflowError) as err:  # a repeat past 2^32, say
+            raise ValueError(f"invalid regex: {err}") from None
         return self.service.submit(spec)
 
     def close(self) -> None:
