@@ -19,7 +19,8 @@ _MAX_REF_DEPTH = 3  # outlines-core's max_recursion_depth: deeper refs fail to b
 _GENERIC = 14_000  # `{}` is 12955 characters; a bare object or array about 6400 (0.2.14)
 _LEAF_BY_TYPE = {"string": 50, "number": 100, "integer": 50, "boolean": 12, "null": 4}
 _FORMAT = 450  # longest format pattern: email's is 448 characters
-_WRAP = 24  # brackets, commas, groups and quantifiers of one composite
+_WRAP = 24  # brackets, commas, groups and quantifiers of one array or object
+_GROUP = 4  # the parentheses around an alternation or a concatenation
 _WS_SLOTS = 6  # whitespace patterns one composite inserts
 
 
@@ -64,7 +65,7 @@ class _Estimator:
             return self._object(node, ref_depth)
         for key in ("allOf", "anyOf", "oneOf", "prefixItems"):
             if isinstance(node.get(key), list):
-                return self.wrap + sum(self.size(s, ref_depth) + 1 for s in node[key])
+                return _GROUP + sum(self.size(s, ref_depth) + 1 for s in node[key])
         if "enum" in node or "const" in node:
             data = json.dumps([node.get("enum"), node.get("const")], ensure_ascii=False)
             return self.wrap + 2 * len(data)  # regex escapes at most double a character
