@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -161,6 +162,31 @@ def test_health_answers_alongside_hostile_constraints(client):
         health = pool.submit(client.get, "/health")
         assert health.result().status_code == 200
         assert [f.result().status_code for f in refused] == [400] * len(bodies)
+
+
+@pytest.mark.parametrize("where", ["server check", "engine parse"])
+def test_health_answers_while_a_constraint_is_being_built(server, client, monkeypatch, where):
+    """The schema's resolution is held until /health has answered: were it on the event loop,
+    /health could not answer and the test would fail at its timeout."""
+    import stemma.runtime.constrained.constraints as constraints
+    import stemma.runtime.constrained.spec as spec
+
+    module = spec if where == "server check" else constraints
+    entered, gate, original = threading.Event(), threading.Event(), module.resolve
+
+    def held_resolve(constraint: Any) -> Any:
+        if constraint.json_schema is not None:
+            entered.set()
+            assert gate.wait(10)
+        return original(constraint)
+
+    monkeypatch.setattr(module, "resolve", held_resolve)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(client.post, "/generate", json=sampling(json_schema=nested_arrays(2)))
+        assert entered.wait(10)
+        assert client.get("/health", timeout=5).status_code == 200
+        gate.set()
+        assert pending.result().status_code == 200
 
 
 _CHILD = """
