@@ -15,7 +15,12 @@ import json
 from typing import Any
 
 from .config import EngineConfig
-from .constrained.schema_size import estimated_regex_chars, json_depth
+from .constrained.schema_size import (
+    MAX_COUNT,
+    estimated_regex_chars,
+    json_depth,
+    oversized_count,
+)
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
@@ -70,6 +75,11 @@ def check_schema_bounds(schema: Any, limits: EngineConfig, name: str) -> None:
         except ValueError:
             return
     _at_most(limits, "max_schema_depth", json_depth(schema), f"{name} is nested {{}} deep")
+    if (count := oversized_count(schema)) is not None:
+        raise ValueError(
+            f"{name}: {count[0]} is {count[1]}; a count must be below {MAX_COUNT} (2^32), the "
+            "most repetitions a regex holds"
+        )
     try:
         size = estimated_regex_chars(schema)
     except RecursionError:

@@ -60,6 +60,8 @@ def can_match_unsafe(pattern: str) -> bool:
         return _walk(list(tree))[1]
     except RecursionError:
         raise ValueError("the pattern is nested too deeply to check") from None
+    except OverflowError as err:  # a repetition past 2^32
+        raise ValueError(f"the pattern does not compile: {err}") from None
     except re.error as err:
         raise ValueError(f"the pattern does not parse: {err}") from None
 

@@ -22,6 +22,13 @@ _FORMAT = 450  # longest format pattern: email's is 448 characters
 _WRAP = 24  # brackets, commas, groups and quantifiers of one array or object
 _GROUP = 4  # the parentheses around an alternation or a concatenation
 _WS_SLOTS = 6  # whitespace patterns one composite inserts
+MAX_COUNT = 1 << 32  # above Python's and Rust's largest regex repetition
+_COUNT_KEYWORDS = frozenset(
+    "minLength maxLength minItems maxItems minProperties maxProperties minDigits maxDigits "
+    "minDigitsInteger maxDigitsInteger minDigitsFraction maxDigitsFraction minDigitsExponent "
+    "maxDigitsExponent".split()
+)
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas
 
 
 def json_depth(value: Any) -> int:
@@ -38,6 +45,25 @@ def json_depth(value: Any) -> int:
         depth = max(depth, level)
         stack.extend((child, level + 1) for child in children)
     return depth
+
+
+def oversized_count(schema: Any) -> tuple[str, Any] | None:
+    """The first count keyword (maxLength, minItems, ...) at or past MAX_COUNT, without
+    recursion: outlines-core reads 2^64 and up as 0 (silently dropping the bound), and no
+    regex engine repeats 2^32 times."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in _COUNT_KEYWORDS and isinstance(value, (int, float)):
+                    if not value < MAX_COUNT:  # NaN too
+                        return key, value
+                elif key not in _DATA_KEYWORDS:
+                    stack.append(value)
+    return None
 
 
 def estimated_regex_chars(schema: Any, whitespace: str | None = None) -> int:

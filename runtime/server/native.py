@@ -122,9 +122,12 @@ def check_json_schema(schema: str | dict[str, Any], param: str, limits: EngineCo
     (invalid, unsupported, or with keywords it would silently ignore) is a 400 now, with the
     reason. Building its regex costs up to max_schema_regex_chars: call it off the event loop."""
     try:
-        check_schema_bounds(schema, limits, param)
+        check_schema_bounds(schema, limits, param)  # its messages name `param`
+    except ValueError as e:
+        raise APIError(400, str(e), param) from None
+    try:
         constraint_regex(json_schema=schema)
-    except (ValueError, TypeError, RecursionError) as e:
+    except (ValueError, TypeError, RecursionError, OverflowError) as e:
         raise APIError(400, f"{param}: {e}", param) from None
 
 

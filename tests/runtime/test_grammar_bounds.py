@@ -5,13 +5,18 @@ outlines-core itself builds."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.constrained.json_safe import UNSAFE, can_match_unsafe
 from stemma.runtime.constrained.schema_check import rewrite_formats
-from stemma.runtime.constrained.schema_size import estimated_regex_chars, json_depth
+from stemma.runtime.constrained.schema_size import (
+    estimated_regex_chars,
+    json_depth,
+    oversized_count,
+)
 from stemma.runtime.limits import check_sampling_bounds, check_schema_bounds
 
 
@@ -76,6 +81,16 @@ def test_bounds_name_the_value_the_limit_and_the_flag():
     with pytest.raises(ValueError, match="--max-schema-regex-chars"):  # as JSON text too
         check_sampling_bounds({"json_schema": json.dumps(deep)}, config)
     check_sampling_bounds({"json_schema": nested(3, "array")}, config)
+
+
+def test_counts_past_a_regex_repetition_are_refused():
+    for key, value in [("maxLength", 1 << 32), ("minLength", 1 << 64), ("maxItems", 1e300)]:
+        with pytest.raises(ValueError, match=re.escape(f"{key} is {value}; a count must be below")):
+            check_schema_bounds({"type": "string", key: value}, EngineConfig(), "json_schema")
+    inner = {"type": "array", "items": {"type": "string", "maxLength": 1 << 40}}
+    assert oversized_count({"type": "object", "properties": {"a": inner}}) == ("maxLength", 1 << 40)
+    assert oversized_count({"enum": [{"maxLength": 1 << 40}]}) is None  # data, not a schema
+    assert oversized_count({"type": "string", "maxLength": (1 << 32) - 1}) is None
 
 
 def test_schema_text_nested_past_the_json_reader_is_refused_by_name():

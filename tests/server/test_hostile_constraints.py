@@ -89,7 +89,26 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
         400,
         "--max-schema-depth",
     ),
-    ("/generate", sampling(json_schema={"type": "string", "maxLength": 1 << 32}), 400, "too large"),
+    ("/generate", sampling(json_schema={"type": "string", "maxLength": 1 << 32}), 400, "2^32"),
+    # outlines-core would read 2^64 as 0 and silently drop the bound
+    ("/generate", sampling(json_schema={"type": "string", "minLength": 1 << 64}), 400, "2^32"),
+    (
+        CHAT,
+        {
+            "messages": USER,
+            "response_format": response_format({"type": "string", "maxLength": 1 << 32}),
+        },
+        400,
+        "maxLength is 4294967296",
+    ),
+    (
+        "/generate",
+        sampling(json_schema={"type": "string", "pattern": "a{0,4294967296}"}),
+        400,
+        "too large",
+    ),
+    (CHAT, {"messages": USER, "regex": "(" * 600 + "a" + ")" * 600}, 400, "regex"),
+    ("/v1/completions", {"prompt": "hi", "regex": "a{0,4294967296}"}, 400, "too large"),
     ("/generate", sampling(regex="(" * 600 + "a" + ")" * 600), 400, "regex"),
     ("/generate", sampling(regex="a{0,4294967296}"), 400, "regex"),
     (CHAT, {"messages": deep_arguments(3000), "max_tokens": 4}, 400, "nest too deeply"),
