@@ -83,7 +83,10 @@ def check_schema_bounds(schema: Any, limits: EngineConfig, name: str) -> None:
     try:
         size = estimated_regex_chars(schema)
     except RecursionError:
-        raise ValueError(f"{name} is nested too deeply to estimate (--max-schema-depth)") from None
+        raise ValueError(
+            f"{name} is nested too deeply to estimate; lower the limit of "
+            f"{limits.max_schema_depth} (--max-schema-depth)"
+        ) from None
     what = f"{name} would build a regex of about {{}} characters (an upper estimate)"
     _at_most(limits, "max_schema_regex_chars", size, what)
 
