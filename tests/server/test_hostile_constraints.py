@@ -52,7 +52,7 @@ def sampling(**params: Any) -> dict[str, Any]:
     return {"text": "hi", "sampling_params": {"max_new_tokens": 4, **params}}
 
 
-DEEP = nested_arrays(18)  # 150 bytes; outlines-core would build a 16M-character regex
+DEEP = nested_arrays(18)  # under 500 bytes; outlines-core would build a 16M-character regex
 NAMED = {"type": "function", "function": {"name": "f"}}
 
 # Every door a json_schema comes in by, with the depth-18 schema: refused before building.
