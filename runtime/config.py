@@ -35,6 +35,8 @@ class EngineConfig:
     max_stop_chars: int = 1024  # characters in one stop string or stop regex
     max_prompt_chars: int = 1 << 20  # characters of one text prompt, before tokenizing
     max_constraint_chars: int = 1 << 16  # characters of a regex / json_schema / ebnf
+    max_schema_depth: int = 64  # nesting of a json_schema document (objects and lists)
+    max_schema_regex_chars: int = 1 << 19  # a json_schema's regex, estimated before building
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
     chat_template: str | None = None  # a Jinja file or template replacing the checkpoint's
@@ -82,6 +84,8 @@ class EngineConfig:
             "max_stop_chars",
             "max_prompt_chars",
             "max_constraint_chars",
+            "max_schema_depth",
+            "max_schema_regex_chars",
         )
         for name in positive:
             if getattr(self, name) < 1:

@@ -116,7 +116,11 @@ class Engine:
 
     async def async_generate(self, text=None, sampling_params=None, input_ids=None, **fields):
         """Awaitable /generate; with stream=True returns an async iterator of chunks."""
-        request, reqs = self._prepare(text, input_ids, sampling_params, fields)
+        # Tokenizing and building a constraint's regex take up to their bounds (limits.py);
+        # a worker thread spends them, so the caller's event loop keeps answering.
+        request, reqs = await asyncio.to_thread(
+            self._prepare, text, input_ids, sampling_params, fields
+        )
         if request.stream:
             return self._stream_async(request, reqs)
         results: list[Any] = [None] * len(reqs)

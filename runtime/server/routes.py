@@ -37,7 +37,7 @@ def get_state(request: Request) -> ServerState:
 async def generate(body: GenerateIn, request: Request) -> Response:
     """SGLang's /generate: one response, a list for a batch, or server-sent events."""
     state, start = get_state(request), time.monotonic()
-    req, rids = native_request(body, state)
+    req, rids = await asyncio.to_thread(native_request, body, state)  # /health stays live
     if body.stream:
         chunks = await state.open_stream(req, rids)
         return sse_response(_native_events(state, chunks, rids, start))
