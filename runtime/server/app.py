@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
         return serve_node(cfg)
     if args.dp_size > 1:
         return serve_dp(_without(argv, ("--dp-size", "--port", "--host")), args.dp_size,
-                        args.host, args.port)  # fmt: skip
+                        args.host, args.port, args.api_key)  # fmt: skip
     if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches it can use it", args.host)
     engine = Engine(args.model, **options)

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 from stemma.runtime.server.app import _without
-from stemma.runtime.server.data_parallel import router_command, wait_healthy
+from stemma.runtime.server.data_parallel import router_command, wait_healthy, warn_if_exposed
 
 
 def test_worker_argv_drops_the_front_door_flags():
@@ -27,6 +27,31 @@ def test_router_launch_is_one_cache_aware_command():
         "http://127.0.0.1:1",
         "http://127.0.0.1:2",
     ]
+
+
+def test_the_router_gets_the_api_key():
+    urls = ["http://127.0.0.1:1"]
+    cmd = router_command(urls, "0.0.0.0", 30000, api_key="sk-test")
+    assert cmd[cmd.index("--api-key") + 1] == "sk-test"
+    assert cmd[cmd.index("--host") + 1 : cmd.index("--host") + 4] == ["0.0.0.0", "--port", "30000"]
+    assert "--api-key" not in router_command(urls, "127.0.0.1", 30000)
+
+
+@pytest.mark.parametrize(
+    "host, key, warnings",
+    [
+        ("0.0.0.0", None, ["listens on 0.0.0.0 without --api-key: anyone who reaches it"]),
+        ("0.0.0.0", "sk", ["listens on 0.0.0.0: the API key and prompts cross the network"]),
+        ("127.0.0.1", None, []),
+        ("::1", None, []),
+    ],
+)
+def test_a_router_off_loopback_is_warned_about(caplog, host, key, warnings):
+    with caplog.at_level("WARNING", logger="stemma.server"):
+        warn_if_exposed(host, key)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == len(warnings)
+    assert all(w in m for w, m in zip(warnings, messages))
 
 
 @pytest.mark.slow
