@@ -211,7 +211,7 @@ class Engine:
         p = item.params
         p.check_vocab(self.vocab_size)
         state = SamplingState.create(p, ids, self.vocab_size)
-        req = Req(item.rid, list(ids), p, state, item.logprob)
+        req = Req(item.rid, list(ids), p, state, item.logprob, namespace=item.namespace)
         req.grammar_handle = self.constraints.submit(p)
         return req
 
