@@ -138,8 +138,10 @@ class Tokenizer:
                 self._chat_roles = _derive_chat_roles(self.apply_chat_template)
             except Exception as e:  # noqa: BLE001 - any template error: no markers, logged
                 self._chat_roles_failed = True
-                log.warning("chat template role markers not derived (%s: %s); programs "
-                            "get no role markers from this server", type(e).__name__, e)  # fmt: skip
+                log.warning(
+                    "chat template role markers not derived (%s: %s); programs get no role "
+                    "markers from this server", type(e).__name__, e,
+                )  # fmt: skip
         return self._chat_roles
 
 

@@ -56,8 +56,8 @@ def test_salts_separate_the_prefix_cache(client, send, seed):
 
 
 def test_chat_takes_a_cache_salt(client):
-    body = {"model": "tiny", "max_tokens": 1, "cache_salt": "carol",
-            "messages": [{"role": "user", "content": "a private question, asked twice"}]}  # fmt: skip
+    message = {"role": "user", "content": "a private question, asked twice"}
+    body = {"model": "tiny", "max_tokens": 1, "messages": [message]}
     counts = []
     for salt in ("carol", "dave", "carol"):
         r = client.post("/v1/chat/completions", json=body | {"cache_salt": salt})
