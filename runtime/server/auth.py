@@ -1,7 +1,8 @@
 """Who may call what. The API key opens the ordinary routes; the admin key (SGLang's
 --admin-api-key) also opens the admin ones: /flush_cache, /abort_request with abort_all, and
 /debug/*. With no key at all (local development, loopback by default) every route is open;
-with an API key but no admin key the admin routes are refused (403) to everyone. On a
+with an API key but no admin key the admin routes are refused (403) to everyone; with only an
+admin key the ordinary routes are open and the admin ones need it. On a
 loopback bind the Host header must name loopback, so a web page whose name resolves to
 127.0.0.1 cannot reach the server through a browser (DNS rebinding).
 """

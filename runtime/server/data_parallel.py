@@ -17,11 +17,10 @@ import sys
 import time
 import urllib.request
 
+from .auth import LOOPBACK_BINDS
+
 log = logging.getLogger("stemma.server")
 ROUTER_HINT = "the router is an optional dependency: pip install 'stemma-lm[router]'"
-
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def router_command(
@@ -36,7 +35,7 @@ def router_command(
 
 def warn_if_exposed(host: str, api_key: str | None) -> None:
     """The router on a non-loopback address forwards prompts and keys to the workers: say so."""
-    if host in LOOPBACK_HOSTS:
+    if host in LOOPBACK_BINDS:
         return
     if api_key is None:
         log.warning(
