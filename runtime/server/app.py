@@ -25,11 +25,11 @@ from fastapi import FastAPI
 from ..config import EngineConfig
 from ..engine import Engine
 from ..executor.tp_node import serve_node
+from .auth import LOOPBACK_BINDS, ApiKeyMiddleware, LoopbackHostMiddleware
 from .data_parallel import serve_dp
 from .debug import router as debug_router
 from .errors import install_error_handlers
 from .metrics import ServerMetrics
-from .auth import LOOPBACK_BINDS, ApiKeyMiddleware, LoopbackHostMiddleware
 from .middleware import BodyLimitMiddleware, RequestCounter
 from .openai.routes import router as openai_router
 from .routes import router as native_router

@@ -55,8 +55,8 @@ class ApiKeyMiddleware:
         await response(scope, receive, send)
 
     def _role(self, header: bytes) -> Role | None:
-        """"admin" for the admin key (and for everyone when no key is set), "user" for the
-        API key (and for everyone when only an admin key is set), None: refused."""
+        """The admin role for the admin key (and for everyone when no key is set), the user
+        role for the API key (and for everyone when only an admin key is set), None: refused."""
         if self.api_key is None and self.admin_api_key is None:
             return "admin"
         scheme, _, token = header.partition(b" ")
