@@ -40,7 +40,7 @@ class WorkerSpec:
     host: str  # rank 0's store
     port: int
     parent_pid: int | None  # exit when this process is no longer the parent; None: no parent
-    secret: bytes = b""  # the launch's HMAC key (tp_auth.py); never written to the store
+    secret: bytes  # the launch's HMAC key (tp_auth.py); never written to the store
 
 
 def run_worker(rank: int, spec: WorkerSpec) -> None:
