@@ -4,6 +4,8 @@ is a 401 JSON error when wrong; on a loopback bind a foreign Host header is a 40
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -110,3 +112,14 @@ def test_a_loopback_bind_refuses_other_host_names(admin_server, server, host):
     assert f"Host header {host!r} is not a loopback name" in r.json()["error"]["message"]
     # create_app without `host` (the tests' default server) checks no Host header
     assert httpx.get(f"{server.url}/health", headers={"Host": host}).status_code == 200
+
+
+def test_a_request_without_a_host_header_is_400_on_a_loopback_bind(admin_server):
+    port = int(admin_server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"GET /health HTTP/1.0\r\n\r\n")  # HTTP/1.0 needs no Host
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["error"]["param"] == "host"
