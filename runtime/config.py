@@ -50,6 +50,7 @@ class EngineConfig:
     node_rank: int = 0  # this machine's place among them (0 runs the engine)
     dist_timeout_s: float = 5.0  # a collective waiting longer fails: a rank died or hung
     dist_connect_timeout_s: float = 300.0  # how long the other nodes' ranks may take to join
+    dist_secret_file: str | None = None  # the step messages' HMAC key; executor/tp_auth.py
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

@@ -157,7 +157,7 @@ class Engine:
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(tok.eos_token_ids),
-            "chat_template": tok.chat_roles().to_dict() if tok.chat_template else None,
+            "chat_template": roles.to_dict() if (roles := tok.chat_roles()) else None,
         }
 
     def get_metrics(self) -> dict[str, Any]:
@@ -215,7 +215,7 @@ class Engine:
         p = item.params
         p.check_vocab(self.vocab_size)
         state = SamplingState.create(p, ids, self.vocab_size)
-        req = Req(item.rid, list(ids), p, state, item.logprob)
+        req = Req(item.rid, list(ids), p, state, item.logprob, namespace=item.namespace)
         req.grammar_handle = self.constraints.submit(p)
         return req
 

@@ -73,6 +73,7 @@ class GenerateIn(BaseModel):
     token_ids_logprob: list[int] | None = None
     return_text_in_logprobs: bool | None = None
     stream: bool = False
+    cache_salt: str | None = Field(None, description="prefix cache shared only with this salt")
 
 
 class TokenizeIn(BaseModel):

@@ -122,8 +122,9 @@ def test_flush_cache_empties_the_prefix_cache(client, server, idle_metrics):
     body = {"input_ids": list(range(100, 130)), "sampling_params": {"max_new_tokens": 1}}
     client.post("/generate", json=body)
     idle_metrics(server.engine)
-    assert client.post("/flush_cache").status_code == 200
-    assert client.get("/flush_cache").json()["success"] is True
+    assert client.post("/flush_cache").json()["success"] is True
+    get = client.get("/flush_cache")  # state changes only by POST
+    assert get.status_code == 405 and "Method Not Allowed" in get.json()["error"]["message"]
     assert client.post("/generate", json=body).json()["meta_info"]["cached_tokens"] == 0
 
 

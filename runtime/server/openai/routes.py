@@ -114,6 +114,7 @@ def _engine_request(
         "sampling_params": params,
         "rid": rids,
         "stream": body.stream,
+        "cache_salt": body.cache_salt,
         **logprobs,
     }
     return req, rids
