@@ -24,7 +24,7 @@ CASES = hostile_requests("hostile")
 @pytest.fixture(scope="module")
 def hostile_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     log_path = tmp_path_factory.mktemp("hostile") / "serve.log"
-    extra = ["--dtype", "float32", "--max-total-tokens", "8192"]
+    extra = ["--dtype", "float32", "--max-total-tokens", "8192", "--grammar-timeout-s", "5"]
     server = HostileServer(str(tiny_llama_dir), log_path, extra)
     warm_up(server)
     yield server
