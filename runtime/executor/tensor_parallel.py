@@ -89,7 +89,9 @@ class TensorParallel:
         try:
             self._wait_keys("up", "connect", time.monotonic() + cfg.dist_connect_timeout_s)
             address = local_address(host, self.store.port)
-            self.group = TPGroup.connect(self.store, 0, self.size, cfg.dist_timeout_s, address)
+            self.group = TPGroup.connect(
+                self.store, 0, self.size, cfg.dist_timeout_s, address, cfg.dist_connect_timeout_s
+            )
         except BaseException:
             self.lost = self.lost or "the group failed to start"  # kill the workers at once
             self.shutdown()

@@ -59,7 +59,10 @@ def run_worker(rank: int, spec: WorkerSpec) -> None:
     raw.set(f"up/{rank}", b"1")
     try:
         address = local_address(spec.host, spec.port)
-        group = TPGroup.connect(raw, rank, spec.cfg.tp_size, spec.cfg.dist_timeout_s, address)
+        cfg = spec.cfg
+        group = TPGroup.connect(
+            raw, rank, cfg.tp_size, cfg.dist_timeout_s, address, cfg.dist_connect_timeout_s
+        )
         dtype = getattr(torch, spec.dtype)
         model, _ = load_decoder(Path(spec.ckpt_dir), dtype, spec.cfg.device, group)
         small_step_rows = int(_authentic(store, rank, "small_step_rows"))  # rank 0's plan

@@ -31,16 +31,25 @@ class TPGroup:
 
     @staticmethod
     def connect(
-        store: object, rank: int, size: int, timeout_s: float, address: str | None = None
+        store: object,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        address: str | None = None,
+        connect_timeout_s: float | None = None,
     ) -> TPGroup:
         """The compute group over a torch.distributed Store every rank reaches; address: where
-        the other ranks reach this one (None: what this machine's hostname resolves to)."""
+        the other ranks reach this one (None: what this machine's hostname resolves to).
+        Joining waits up to connect_timeout_s (ranks start at their own pace on a busy
+        machine; a rank that gives up early closes its socket and fails the others' mesh);
+        each collective then waits up to timeout_s."""
         if size == 1:
             return TPGroup()
         opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = datetime.timedelta(seconds=timeout_s)
+        opts._timeout = datetime.timedelta(seconds=max(timeout_s, connect_timeout_s or 0))
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address or "")]
         pg = dist.ProcessGroupGloo(dist.PrefixStore("tp", store), rank, size, opts)
+        pg.set_timeout(datetime.timedelta(seconds=timeout_s))
         return TPGroup(rank, size, pg, timeout_s)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
