@@ -33,6 +33,7 @@ class EngineConfig:
     max_top_logprobs: int = 20  # top_logprobs_num (vLLM's max_logprobs)
     max_stop_strings: int = 32  # stop strings and stop regexes together
     max_stop_chars: int = 1024  # characters in one stop string or stop regex
+    max_stop_regex_states: int = 4096  # a request's stop regexes' automaton states, together
     max_prompt_chars: int = 1 << 20  # characters of one text prompt, before tokenizing
     max_constraint_chars: int = 1 << 16  # characters of a regex / json_schema / ebnf
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
@@ -80,6 +81,7 @@ class EngineConfig:
             "max_request_items",
             "max_stop_strings",
             "max_stop_chars",
+            "max_stop_regex_states",
             "max_prompt_chars",
             "max_constraint_chars",
         )

@@ -32,6 +32,7 @@ from .sampling.sampler import Sampler, SamplingState
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.req import FinishReason, Req
 from .scheduler.scheduler import Scheduler
+from .scheduler.stop import StopSpec
 from .tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("stemma.engine")
@@ -202,9 +203,14 @@ class Engine:
             raise EngineUnavailable(f"{self.unavailable}; the engine accepts no new requests")
         d = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params, **fields}
         request = GenerateRequest.from_dict(d, self.config)
-        return request, [self._make_req(item) for item in request.items]
+        stops: dict[int, StopSpec | None] = {}  # compiled once per sampling_params
+        for item in request.items:
+            if id(item.params) not in stops:
+                limit = self.config.max_stop_regex_states
+                stops[id(item.params)] = StopSpec.compile(item.params, limit)
+        return request, [self._make_req(item, stops[id(item.params)]) for item in request.items]
 
-    def _make_req(self, item) -> Req:
+    def _make_req(self, item, stop: StopSpec | None) -> Req:
         ids = item.input_ids if item.input_ids is not None else self.tokenizer.encode(item.text)
         runner = self.runner
         check_prompt(item, ids, runner.context_len, runner.allocator.capacity, self.vocab_size)
@@ -212,6 +218,7 @@ class Engine:
         p.check_vocab(self.vocab_size)
         state = SamplingState.create(p, ids, self.vocab_size)
         req = Req(item.rid, list(ids), p, state, item.logprob)
+        req.stop = stop.matcher(self.tokenizer) if stop is not None else None
         req.grammar_handle = self.constraints.submit(p)
         return req
 
