@@ -36,6 +36,7 @@ class EngineConfig:
     max_stop_regex_states: int = 4096  # a request's stop regexes' automaton states, together
     max_prompt_chars: int = 1 << 20  # characters of one text prompt, before tokenizing
     max_constraint_chars: int = 1 << 16  # characters of a regex / json_schema / ebnf
+    max_queued_requests: int = 4096  # waiting requests; past it a new request is refused (429)
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
     chat_template: str | None = None  # a Jinja file or template replacing the checkpoint's
@@ -84,6 +85,7 @@ class EngineConfig:
             "max_stop_regex_states",
             "max_prompt_chars",
             "max_constraint_chars",
+            "max_queued_requests",
         )
         for name in positive:
             if getattr(self, name) < 1:

@@ -20,7 +20,7 @@ from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .dtype_policy import plan_small_steps, resolve_dtype
-from .engine_state import EngineMetrics, EngineUnavailable, Handle
+from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueFull
 from .executor.model_runner import ModelRunner
 from .executor.tensor_parallel import TensorParallel, WorkerLost
 from .faults import Faults
@@ -101,6 +101,8 @@ class Engine:
         self.check_invariants = False  # tests turn this on: check_memory() after every step
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._handles: dict[str, Handle] = {}
+        self._num_in_inbox = 0  # requests submitted, not yet in the scheduler's waiting queue
+        self._count_lock = threading.Lock()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="stemma-engine", daemon=True)
         self._thread.start()
@@ -203,6 +205,7 @@ class Engine:
             raise EngineUnavailable(f"{self.unavailable}; the engine accepts no new requests")
         d = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params, **fields}
         request = GenerateRequest.from_dict(d, self.config)
+        self._check_queue(len(request.items))
         stops: dict[int, StopSpec | None] = {}  # compiled once per sampling_params
         for item in request.items:
             if id(item.params) not in stops:
@@ -222,7 +225,19 @@ class Engine:
         req.grammar_handle = self.constraints.submit(p)
         return req
 
+    def _check_queue(self, num_new: int) -> None:
+        """QueueFull when num_new more requests would queue past max_queued_requests."""
+        limit = self.config.max_queued_requests
+        queued = self._num_in_inbox + len(self.scheduler.waiting)
+        if queued + num_new > limit:
+            raise QueueFull(
+                f"{queued} requests are queued and this one adds {num_new}; the limit is "
+                f"{limit} (--max-queued-requests); retry later"
+            )
+
     def _submit(self, request: GenerateRequest, reqs: list[Req], sink: Callable) -> None:
+        with self._count_lock:
+            self._num_in_inbox += len(reqs)
         self._inbox.put(AddRequests(request, reqs, sink))
 
     def _collect(self, request: GenerateRequest, events: Iterator[Event]):
@@ -237,7 +252,7 @@ class Engine:
         return results if request.is_batch else results[0]
 
     def _stream_sync(self, request, reqs) -> Iterator[dict[str, Any]]:
-        events: queue.SimpleQueue = queue.SimpleQueue()
+        events = EventBuffer()
         self._submit(request, reqs, events.put)
         remaining = len(reqs)
         try:
@@ -251,13 +266,12 @@ class Engine:
                     self.abort(r.rid, "the client stopped reading the stream")
 
     async def _events_async(self, request, reqs) -> AsyncIterator[Event]:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        self._submit(request, reqs, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        events = EventBuffer(asyncio.get_running_loop())
+        self._submit(request, reqs, events.put)
         remaining = len(reqs)
         try:
             while remaining:
-                ev = await events.get()
+                ev = await events.get_async()
                 remaining -= ev[2]
                 yield ev
         finally:
@@ -318,23 +332,37 @@ class Engine:
             self._apply(cmd)
 
     def _drain_inbox(self, block: bool) -> bool:
-        """Apply queued commands; False once asked to stop."""
+        """Apply queued commands; False once asked to stop. Consecutive aborts are applied
+        together, in one pass over the queues (a disconnect may abort a whole batch)."""
         try:
             cmd = self._inbox.get(timeout=None) if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
+        aborts: dict[str, str] = {}
         while True:
-            if isinstance(cmd, Stop):
-                return False
-            self._apply(cmd)
+            if isinstance(cmd, AbortRequest):
+                aborts.setdefault(cmd.rid, cmd.message)
+            else:
+                self._abort_many(aborts)  # before the next command: the order stands
+                aborts = {}
+                if isinstance(cmd, Stop):
+                    return False
+                self._apply(cmd)
             try:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
+                self._abort_many(aborts)
                 return True
+
+    def _abort_many(self, messages: dict[str, str]) -> None:
+        if messages:
+            self._emit(self.scheduler.abort_many(messages))
 
     def _apply(self, cmd: Command) -> None:
         if isinstance(cmd, AddRequests):
             request, reqs, sink = cmd.request, cmd.reqs, cmd.sink
+            with self._count_lock:
+                self._num_in_inbox -= len(reqs)
             for idx, req in enumerate(reqs):
                 refused = self.unavailable or f"duplicate rid {req.rid!r}"
                 if self.unavailable or req.rid in self._handles:
@@ -344,7 +372,7 @@ class Engine:
                 detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
                 stream = StreamText(detok) if request.stream else None
                 self._handles[req.rid] = Handle(idx, sink, stream)
-                self.scheduler.waiting.append(req)
+                self.scheduler.add(req)
                 self.metrics.on_arrival(req)
         elif isinstance(cmd, AbortRequest):
             req = self.scheduler.abort(cmd.rid, cmd.message)
