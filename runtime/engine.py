@@ -20,7 +20,7 @@ from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .dtype_policy import plan_small_steps, resolve_dtype
-from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueFull
+from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueGate
 from .executor.model_runner import ModelRunner
 from .executor.tensor_parallel import TensorParallel, WorkerLost
 from .faults import Faults
@@ -32,7 +32,7 @@ from .sampling.sampler import Sampler, SamplingState
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.req import FinishReason, Req
 from .scheduler.scheduler import Scheduler
-from .scheduler.stop import StopSpec
+from .scheduler.stop import StopSpec, compile_stops
 from .tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("stemma.engine")
@@ -101,8 +101,7 @@ class Engine:
         self.check_invariants = False  # tests turn this on: check_memory() after every step
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._handles: dict[str, Handle] = {}
-        self._num_in_inbox = 0  # requests submitted, not yet in the scheduler's waiting queue
-        self._count_lock = threading.Lock()
+        self._gate = QueueGate()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="stemma-engine", daemon=True)
         self._thread.start()
@@ -205,13 +204,10 @@ class Engine:
             raise EngineUnavailable(f"{self.unavailable}; the engine accepts no new requests")
         d = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params, **fields}
         request = GenerateRequest.from_dict(d, self.config)
-        self._check_queue(len(request.items))
-        stops: dict[int, StopSpec | None] = {}  # compiled once per sampling_params
-        for item in request.items:
-            if id(item.params) not in stops:
-                limit = self.config.max_stop_regex_states
-                stops[id(item.params)] = StopSpec.compile(item.params, limit)
-        return request, [self._make_req(item, stops[id(item.params)]) for item in request.items]
+        cfg, items = self.config, request.items
+        self._gate.check(len(self.scheduler.waiting), len(items), cfg.max_queued_requests)
+        stops = compile_stops([item.params for item in items], cfg.max_stop_regex_states)
+        return request, [self._make_req(item, stop) for item, stop in zip(items, stops)]
 
     def _make_req(self, item, stop: StopSpec | None) -> Req:
         ids = item.input_ids if item.input_ids is not None else self.tokenizer.encode(item.text)
@@ -225,19 +221,8 @@ class Engine:
         req.grammar_handle = self.constraints.submit(p)
         return req
 
-    def _check_queue(self, num_new: int) -> None:
-        """QueueFull when num_new more requests would queue past max_queued_requests."""
-        limit = self.config.max_queued_requests
-        queued = self._num_in_inbox + len(self.scheduler.waiting)
-        if queued + num_new > limit:
-            raise QueueFull(
-                f"{queued} requests are queued and this one adds {num_new}; the limit is "
-                f"{limit} (--max-queued-requests); retry later"
-            )
-
     def _submit(self, request: GenerateRequest, reqs: list[Req], sink: Callable) -> None:
-        with self._count_lock:
-            self._num_in_inbox += len(reqs)
+        self._gate.moved(len(reqs))
         self._inbox.put(AddRequests(request, reqs, sink))
 
     def _collect(self, request: GenerateRequest, events: Iterator[Event]):
@@ -361,8 +346,7 @@ class Engine:
     def _apply(self, cmd: Command) -> None:
         if isinstance(cmd, AddRequests):
             request, reqs, sink = cmd.request, cmd.reqs, cmd.sink
-            with self._count_lock:
-                self._num_in_inbox -= len(reqs)
+            self._gate.moved(-len(reqs))
             for idx, req in enumerate(reqs):
                 refused = self.unavailable or f"duplicate rid {req.rid!r}"
                 if self.unavailable or req.rid in self._handles:
@@ -431,5 +415,5 @@ class Engine:
         return [r for r in (self.scheduler.abort(r.rid, message) for r in reqs) if r is not None]
 
     def _abort_all(self, message: str) -> None:
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._emit([r for r in [self.scheduler.abort(req.rid, message)] if r is not None])
+        queues = list(self.scheduler.running) + list(self.scheduler.waiting)
+        self._abort_many({req.rid: message for req in queues})

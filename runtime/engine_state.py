@@ -30,6 +30,28 @@ class QueueFull(RuntimeError):
     """More requests are waiting than max_queued_requests allows; the caller may retry."""
 
 
+class QueueGate:
+    """Refuses, on the caller's thread, a request that would queue past max_queued_requests:
+    it counts what was submitted but not yet put in the scheduler's waiting queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.num_in_inbox = 0
+
+    def check(self, num_waiting: int, num_new: int, limit: int) -> None:
+        queued = self.num_in_inbox + num_waiting
+        if queued + num_new > limit:
+            raise QueueFull(
+                f"{queued} requests are queued and this one adds {num_new}; the limit is "
+                f"{limit} (--max-queued-requests); retry later"
+            )
+
+    def moved(self, num: int) -> None:
+        """num requests entered the inbox (> 0) or left it for the waiting queue (< 0)."""
+        with self._lock:
+            self.num_in_inbox += num
+
+
 class EventBuffer:
     """One call's events, from the engine thread (put) to its caller (get / get_nowait).
 

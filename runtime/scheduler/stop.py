@@ -56,6 +56,15 @@ class StopSpec:
         return StopMatcher(self, detok, [RegexSearch(n) for n in self.nfas], longest)
 
 
+def compile_stops(params: list[SamplingParams], max_states: int) -> list[StopSpec | None]:
+    """Each item's StopSpec, compiled once per SamplingParams object (n samples share one)."""
+    specs: dict[int, StopSpec | None] = {}
+    for p in params:
+        if id(p) not in specs:
+            specs[id(p)] = StopSpec.compile(p, max_states)
+    return [specs[id(p)] for p in params]
+
+
 @dataclass(slots=True)
 class StopMatcher:
     spec: StopSpec

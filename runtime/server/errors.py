@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from ..engine import EngineUnavailable, QueueFull
+from ..engine import EngineUnavailable
+from ..engine_state import QueueFull
 
 log = logging.getLogger("stemma.server")
 

@@ -101,9 +101,7 @@ def test_flags_anchors_and_unicode(pattern: str, text: str, expected: str | None
         ("(ab", "does not compile"),
     ],
 )
-def test_refuses_what_has_no_finite_automaton_naming_the_pattern(
-    pattern: str, words: str
-) -> None:
+def test_refuses_what_has_no_finite_automaton_naming_the_pattern(pattern: str, words: str) -> None:
     with pytest.raises(ValueError) as e:
         compile_stop_regex(pattern, 4096, FLAG)
     assert repr(pattern) in str(e.value) and words in str(e.value)
