@@ -17,7 +17,9 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_constants as sre  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
-MAX_DFA_STATES = 2048  # cached DFA states of one search; past this its cache starts over
+# One search's DFA cache starts over past either bound: its memory stays under a few MiB.
+MAX_DFA_STATES = 2048
+MAX_CACHED_NFA_STATES = 1 << 16  # NFA states held by all cached DFA states together
 CHAR, EPS, AT_TEXT_START, AT_LINE_START, MATCH = range(5)  # NFA state kinds
 
 _FLAG_I, _FLAG_M, _FLAG_S, _FLAG_A = (
@@ -105,6 +107,7 @@ class _Builder:
 
     def __init__(self, nfa: Nfa):
         self.nfa = nfa
+        self.num_copies = 0  # repeat bodies built; an empty body adds no state but costs time
 
     def seq(self, items: list, flags: int, nxt: int) -> int:
         for op, av in reversed(items):
@@ -145,10 +148,17 @@ class _Builder:
             cont = loop
         else:
             for _ in range(hi - lo):
+                self._count_copy()
                 cont = self.nfa.add(EPS, out=(self.seq(body, flags, cont), nxt))
         for _ in range(lo):
+            self._count_copy()
             cont = self.seq(body, flags, cont)
         return cont
+
+    def _count_copy(self) -> None:
+        self.num_copies += 1
+        if self.num_copies > self.nfa.max_states:
+            raise _TooLarge
 
 
 def _char_pred(op, av, flags: int) -> Callable[[str], bool]:
@@ -226,6 +236,7 @@ class RegexSearch:
         self._sets: list[frozenset[int]] = []
         self._trans: list[dict[str, int]] = []
         self._num_trans = 0
+        self._num_cached = 0  # sum of len(states) over the cached DFA states
 
     def _intern(self, states: frozenset[int]) -> int:
         idx = self._ids.get(states)
@@ -233,6 +244,7 @@ class RegexSearch:
             idx = self._ids[states] = len(self._sets)
             self._sets.append(states)
             self._trans.append({})
+            self._num_cached += len(states)
         return idx
 
     def is_matched(self) -> bool:
@@ -251,7 +263,8 @@ class RegexSearch:
         return None
 
     def _build(self, ch: str) -> int:
-        if len(self._sets) >= MAX_DFA_STATES or self._num_trans >= 16 * MAX_DFA_STATES:
+        full = len(self._sets) >= MAX_DFA_STATES or self._num_cached >= MAX_CACHED_NFA_STATES
+        if full or self._num_trans >= 16 * MAX_DFA_STATES:
             current = self._sets[self.state]
             self._reset()
             self.state = self._intern(current)

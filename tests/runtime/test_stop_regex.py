@@ -8,7 +8,13 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stemma.runtime.scheduler.stop_regex import RegexSearch, compile_stop_regex, match_start
+from stemma.runtime.scheduler.stop_regex import (
+    MAX_CACHED_NFA_STATES,
+    MAX_DFA_STATES,
+    RegexSearch,
+    compile_stop_regex,
+    match_start,
+)
 
 FLAG = "--max-stop-regex-states"
 
@@ -107,9 +113,21 @@ def test_refuses_what_has_no_finite_automaton_naming_the_pattern(pattern: str, w
     assert repr(pattern) in str(e.value) and words in str(e.value)
 
 
-def test_automaton_size_is_bounded_and_names_the_flag() -> None:
+@pytest.mark.parametrize("pattern", ["(a{1000}){1000}", "(?:){4000000000}", "((?:){999}){999}"])
+def test_automaton_size_is_bounded_and_names_the_flag(pattern: str) -> None:
     with pytest.raises(ValueError, match=r"more than 1000 automaton states.*--max-stop-regex"):
-        compile_stop_regex("(a{1000}){1000}", 1000, FLAG)
+        compile_stop_regex(pattern, 1000, FLAG)
+
+
+def test_dfa_cache_memory_is_bounded_on_a_state_explosion() -> None:
+    """`[ab]*a[ab]{40}` has 2^40 DFA states; the cache starts over instead of growing, and
+    the search still finds the match."""
+    search = RegexSearch(compile_stop_regex("c[ab]*a[ab]{40}d", 4096, FLAG))
+    text = "c" + "".join("ab"[(i * i + i // 3) % 2] for i in range(3000)) + "a" + "b" * 40
+    assert search.feed(text) is None
+    assert len(search._sets) <= MAX_DFA_STATES
+    assert search._num_cached <= MAX_CACHED_NFA_STATES + 100
+    assert search.feed("d") == 1 and search.num_built > 0
 
 
 def test_nested_quantifiers_cost_bounded_work_per_character() -> None:
