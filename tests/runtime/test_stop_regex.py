@@ -141,3 +141,48 @@ def test_nested_quantifiers_cost_bounded_work_per_character() -> None:
     assert search.feed("a" * 10_000) is None
     assert search.num_built == built_after_warmup  # no new work: every transition was cached
     assert search.feed("ab") == 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir):
+    from stemma.runtime.tokenizer import Tokenizer
+
+    return Tokenizer(tiny_llama_dir)
+
+
+def reference_stop(stops: list[str], regexes: list[str], text: str) -> str | None:
+    """The first character that completes a stop string or a regex match decides; a string
+    wins a tie, then list order; a regex reports what re.search finds up to there."""
+    for end in range(len(text) + 1):
+        for s in stops:
+            if s in text[:end]:
+                return s
+        for pattern in regexes:
+            if (m := re.search(pattern, text[:end])) is not None:
+                return m.group(0)
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from(["fox", "o", "z", "lazy dog", "\n"]), max_size=2),
+    st.lists(st.sampled_from([r"o\w", "[aeiou]{2}", "qu+", r"\d", "(?m)^T", "zz"]), max_size=2),
+    st.lists(st.integers(1, 4), min_size=1, max_size=40),
+)
+def test_matcher_over_token_chunks_agrees_with_the_reference(tokenizer, stops, regexes, chunks):
+    from stemma.runtime.sampling.params import SamplingParams
+    from stemma.runtime.scheduler.stop import StopSpec
+
+    text = "The quick brown fox jumps over the lazy dog.\nThe 42 numbers"
+    ids = tokenizer.encode(text)
+    spec = StopSpec.compile(SamplingParams(stop=stops, stop_regex=regexes))
+    expected = reference_stop(stops, regexes, text)
+    if spec is None:
+        assert expected is None
+        return
+    matcher, seen, got = spec.matcher(tokenizer), 0, None
+    for size in chunks * (len(ids) // len(chunks) + 1):
+        seen = min(seen + size, len(ids))
+        if (got := matcher.feed(ids[:seen])) is not None or seen == len(ids):
+            break
+    assert got == expected
