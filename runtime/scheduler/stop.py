@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..sampling.params import SamplingParams
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
-from .stop_regex import Nfa, RegexSearch, compile_stop_regex, match_start
+from .stop_regex import AutomatonTooLarge, Nfa, RegexSearch, compile_stop_regex, match_start
 
 DEFAULT_MAX_STOP_REGEX_STATES = 4096
 
@@ -40,13 +40,11 @@ class StopSpec:
         for pattern in p.stop_regex:
             try:
                 nfas.append(compile_stop_regex(pattern, left, flag))
-            except ValueError as e:
-                if "automaton states" in str(e):  # name the request's total, not the rest
-                    raise ValueError(
-                        f"the stop regexes need more than {max_states} automaton states "
-                        f"together (at {pattern!r}); the limit is {max_states} ({flag})"
-                    ) from None
-                raise
+            except AutomatonTooLarge:  # name the request's budget, not what was left of it
+                raise ValueError(
+                    f"the stop regexes need more than {max_states} automaton states "
+                    f"together (at {pattern!r}); the limit is {max_states} ({flag})"
+                ) from None
             left -= len(nfas[-1].kind)
         return StopSpec(list(p.stop), nfas, p.skip_special_tokens)
 

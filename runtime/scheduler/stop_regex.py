@@ -81,6 +81,10 @@ class _TooLarge(Exception):
     pass
 
 
+class AutomatonTooLarge(ValueError):
+    """A stop regex needs more NFA states than its budget allows."""
+
+
 def compile_stop_regex(pattern: str, max_states: int, flag: str) -> Nfa:
     """The NFA of one stop regex; ValueError naming the pattern when it has no finite
     automaton or needs more than `max_states` states (named by `flag`)."""
@@ -93,7 +97,7 @@ def compile_stop_regex(pattern: str, max_states: int, flag: str) -> Nfa:
         match = nfa.add(MATCH)
         nfa.start = _Builder(nfa).seq(list(parsed), parsed.state.flags, match)
     except _TooLarge:
-        raise ValueError(
+        raise AutomatonTooLarge(
             f"stop_regex {pattern!r} needs more than {max_states} automaton states; "
             f"the limit is {max_states} ({flag})"
         ) from None
