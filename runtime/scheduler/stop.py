@@ -106,3 +106,48 @@ class StopMatcher:
         text = "".join(self.pieces)
         self.pieces = [text]
         return text[match_start(self.spec.nfas[idx], text, end) : end]
+
+
+class StopPrefixes:
+    """What a stream may show: how much of each stop string the text ends with (a stop string
+    may be starting) and where the first complete one starts, advanced per new character by
+    Knuth-Morris-Pratt, so each update costs the new text, not a rescan."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.fails = [_failure(s) for s in self.stops]
+        self.states = [0] * len(self.stops)  # per stop: the prefix of it the text ends with
+        self.first: int | None = None  # where the first complete stop string starts
+        self.num_chars = 0
+
+    def shown(self, text: str) -> int:
+        """Advance over text[num_chars:]; how many leading characters of `text` may show."""
+        start, self.num_chars = self.num_chars, len(text)
+        held = 0
+        for j, s in enumerate(self.stops):
+            k, fail, n = self.states[j], self.fails[j], len(s)
+            for i in range(start, len(text)):
+                if k == n:
+                    k = fail[k - 1]
+                while k and s[k] != text[i]:
+                    k = fail[k - 1]
+                if s[k] == text[i]:
+                    k += 1
+                    if k == n and (self.first is None or i + 1 - n < self.first):
+                        self.first = i + 1 - n
+            self.states[j] = k
+            held = max(held, k if k < n else fail[n - 1])
+        cut = len(text) - held
+        return cut if self.first is None else min(cut, self.first)
+
+
+def _failure(s: str) -> list[int]:
+    """fail[i]: the longest proper prefix of s[: i + 1] that is also its suffix."""
+    fail, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return fail

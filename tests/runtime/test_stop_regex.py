@@ -186,3 +186,30 @@ def test_matcher_over_token_chunks_agrees_with_the_reference(tokenizer, stops, r
         if (got := matcher.feed(ids[:seen])) is not None or seen == len(ids):
             break
     assert got == expected
+
+
+def hold_back_by_rescan(text: str, stops: list[str]) -> str:
+    """The stream's former hold-back, rescanning the whole text on every update."""
+    cut = len(text)
+    for s in stops:
+        if (idx := text.find(s)) >= 0:
+            cut = min(cut, idx)
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return text[:cut]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.text(alphabet="ab", min_size=1, max_size=5), min_size=1, max_size=3),
+    st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
+)
+def test_stream_hold_back_advances_per_character_and_agrees_with_a_rescan(stops, pieces):
+    from stemma.runtime.scheduler.stop import StopPrefixes
+
+    held, text = StopPrefixes(stops), ""
+    for piece in pieces:
+        text += piece
+        assert text[: held.shown(text)] == hold_back_by_rescan(text, stops)

@@ -155,3 +155,11 @@ def test_aborting_a_large_queue_keeps_the_rest_in_order(tiny_llama_dir, harness_
 def test_engine_refuses_a_stop_regex_without_a_linear_automaton(tiny_engine: Engine):
     with pytest.raises(ValueError, match="lookaround"):
         tiny_engine.generate("hi", {"stop_regex": "(?=a)b"})
+
+
+def test_a_stream_never_shows_a_stop_string_that_may_be_starting(tiny_engine):
+    params = {"regex": "xyzzy[0-9]{5}", "stop": ["zzy", "q"], **GREEDY}
+    chunks = list(tiny_engine.generate("hi", params, stream=True))
+    assert all("xy".startswith(c["text"]) for c in chunks)
+    assert chunks[-1]["text"] == "xy"
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": "zzy"}
