@@ -163,3 +163,15 @@ def test_a_stream_never_shows_a_stop_string_that_may_be_starting(tiny_engine):
     assert all("xy".startswith(c["text"]) for c in chunks)
     assert chunks[-1]["text"] == "xy"
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": "zzy"}
+
+
+def test_catastrophic_stop_regex_over_http_answers_and_the_server_serves_on(client):
+    body = {
+        "text": "hi",
+        "sampling_params": {"regex": "xa{40}", "stop_regex": "(a+)+b", "max_new_tokens": 64},
+    }
+    r = client.post("/generate", json=body)  # the client's 60 s timeout fails a stuck engine
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == "x" + "a" * 40
+    ok = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+    assert ok.status_code == 200
