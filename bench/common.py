@@ -39,11 +39,40 @@ def git_commit() -> str:
     return sha + ("-dirty" if dirty else "")
 
 
+def cpu_model() -> tuple[str, list[str]]:
+    """The CPU's model name and the instruction sets that decide stemma's CPU paths."""
+    name, flags = platform.processor() or platform.machine(), set[str]()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    isa = [label for label, flag in ISA_FLAGS if flag in flags]
+    return name, isa
+
+
+ISA_FLAGS = [
+    ("AVX2", "avx2"),
+    ("AVX-512", "avx512f"),
+    ("AVX512-BF16", "avx512_bf16"),
+    ("AMX", "amx_tile"),
+]
+
+
 def hardware() -> dict[str, Any]:
     import torch
 
+    name, isa = cpu_model()
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": name,
+        "isa": isa,
+        "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
         "num_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -108,15 +137,25 @@ def paired_speedup(baseline: list[float], candidate: list[float]) -> float:
     return statistics.median(b / c for b, c in zip(baseline, candidate, strict=True))
 
 
-def append_results(name: str, rows: list[dict[str, Any]]) -> Path:
-    """Append one JSON line per row, each stamped with hardware, commit and command."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.jsonl"
+def append_results(
+    name: str,
+    rows: list[dict[str, Any]],
+    path: Path | None = None,
+    command: str | None = None,
+    **extra: Any,
+) -> Path:
+    """Append one JSON line per row, each stamped with hardware, commit and command (by
+    default bench/results/NAME.jsonl and `python -m stemma.bench.NAME` with this process's
+    arguments). `extra` goes into every line (versions, the GPU, ...). The one writer of
+    results: every bench records the same stamp."""
+    path = path or RESULTS_DIR / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
     stamp = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "commit": git_commit(),
         "hardware": hardware(),
-        "command": "python -m stemma.bench." + name + " " + " ".join(sys.argv[1:]),
+        "command": command or "python -m stemma.bench." + name + " " + " ".join(sys.argv[1:]),
+        **extra,
     }
     with open(path, "a") as f:
         for row in rows:

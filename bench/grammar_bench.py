@@ -12,13 +12,9 @@ bench/results/grammar.jsonl.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
-import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,11 +30,8 @@ from stemma.runtime.constrained.vocabulary import Vocabulary
 from stemma.runtime.models.loader import resolve_checkpoint
 from stemma.runtime.tokenizer import Tokenizer
 
-RESULTS = Path(__file__).parent / "results" / "grammar.jsonl"
-MEASURED_FILES = [  # a results line is "-dirty" when one of these differs from the commit
-    "runtime/constrained/",
-    "bench/grammar_bench.py",
-]
+from .common import append_results
+
 TOOL_CALL = {
     "type": "object",
     "properties": {
@@ -282,43 +275,23 @@ def follow_text(matcher: Matcher, tokenizer: Tokenizer, target: str) -> tuple[in
     return num_tokens, num_forced
 
 
-def git_commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    run = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *MEASURED_FILES],
-        cwd=root,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return (run.stdout.strip() or "unknown") + ("-dirty" if dirty else "")
-
-
 def record(workload: str, rows: list[tuple], command: str) -> None:
-    common = {
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "hardware": {
-            "cpu": platform.processor() or platform.machine(),
-            "num_cpus": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),  # other work on a shared machine
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "outlines_core": importlib.metadata.version("outlines_core"),
-        },
-        "model": "smollm2-135m vocabulary (49,152 tokens)",
-        "workload": workload,
-        "command": command,
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "outlines_core": importlib.metadata.version("outlines_core"),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as f:
-        for metric, value, unit in rows:
-            f.write(
-                json.dumps({**common, "metric": metric, "value": round(value, 4), "unit": unit})
-            )
-            f.write("\n")
+    lines = [
+        {
+            "model": "smollm2-135m vocabulary (49,152 tokens)",
+            "workload": workload,
+            "metric": metric,
+            "value": round(value, 4),
+            "unit": unit,
+        }
+        for metric, value, unit in rows
+    ]
+    append_results("grammar", lines, command=command, versions=versions)
 
 
 def main(argv: list[str] | None = None) -> None:

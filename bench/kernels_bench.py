@@ -9,11 +9,8 @@ Run: python -m stemma.bench.kernels_bench   (appends JSON lines to bench/results
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,12 +18,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .common import RESULTS_DIR, append_results
+
 if TYPE_CHECKING:
     from stemma.runtime.executor.forward_batch import ForwardBatch
     from stemma.runtime.executor.memory import KVPool
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-RESULTS = Path(__file__).resolve().parent / "results" / "kernels.jsonl"
+RESULTS = RESULTS_DIR / "kernels.jsonl"
 TARGET_FRACTION = 0.6  # of copy bandwidth, for batch 32 x context 4096
 
 
@@ -122,14 +121,6 @@ def bench_decode(w: DecodeWorkload, device: torch.device, with_torch: bool) -> d
     return result
 
 
-def git_commit() -> str:
-    repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 128])
@@ -156,14 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["python -m stemma.bench.kernels_bench", *given])
-    meta = {
-        "device": torch.cuda.get_device_name(device),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "commit": git_commit(),
-        "command": command,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    meta = {"device": torch.cuda.get_device_name(device), "triton": triton.__version__}
     records = []
     copy_bytes = int(args.copy_gib * 2**30)
     copy_gbps = copy_bandwidth_gbps(copy_bytes, device)
@@ -192,11 +176,8 @@ def main(argv: list[str] | None = None) -> None:
             if (batch_size, context_len) == (32, 4096):
                 verdict = "meets" if fraction >= TARGET_FRACTION else "MISSES"
                 print(f"      {verdict} the {TARGET_FRACTION:.0%} copy-bandwidth target")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as f:
-        for workload, metric, value in records:
-            f.write(json.dumps({**meta, "workload": workload, "metric": metric, "value": value}))
-            f.write("\n")
+    rows = [{"workload": w, "metric": metric, "value": value} for w, metric, value in records]
+    append_results("kernels", rows, path=args.out, command=command, **meta)
     print(f"appended {len(records)} records to {args.out}")
 
 

@@ -11,22 +11,17 @@ and appends one JSON line per metric to bench/results/radix.jsonl.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from stemma.radix import RadixTree
 
-RESULTS = Path(__file__).parent / "results" / "radix.jsonl"
+from .common import append_results
+
 VOCAB = 32_000
 NUM_PROMPTS, PROMPT_LEN, QUERY_LEN = 16, 2048, 2048
 
@@ -141,40 +136,12 @@ def run(page_size: int, num_seqs: int, seed: int) -> tuple[dict[str, object], li
     return workload, rows
 
 
-def git_state() -> tuple[str, bool]:
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-        return result.stdout.strip() if result.returncode == 0 else ""
-
-    commit = git("rev-parse", "HEAD") or "unknown"
-    dirty = bool(git("status", "--porcelain", "--", "radix", "bench/radix_bench.py"))
-    return commit, dirty
-
-
 def record(workload: dict[str, object], rows: list[tuple], command: str) -> None:
-    commit, dirty = git_state()
-    common = {
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": {
-            "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine(),
-            "system": platform.system(),
-            "cpu_count": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),  # other work on a shared machine
-        },
-        "python": platform.python_version(),
-        "commit": commit,
-        "dirty": dirty,
-        "workload": workload,
-        "command": command,
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as f:
-        for metric, value, unit in rows:
-            line = {**common, "metric": metric, "value": round(value, 3), "unit": unit}
-            f.write(json.dumps(line) + "\n")
+    lines = [
+        {"workload": workload, "metric": metric, "value": round(value, 3), "unit": unit}
+        for metric, value, unit in rows
+    ]
+    append_results("radix", lines, command=command)
 
 
 def main(argv: list[str] | None = None) -> None:

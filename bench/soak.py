@@ -8,8 +8,9 @@ The server runs as a subprocess with the default engine config except a KV pool 
 that retraction happens every minute, a 5 s compile limit, and the test-only fault switches
 on. `--concurrency` clients draw scenarios from a seeded mix (soak_traffic.py: streaming and
 plain /generate and chat, batches, n > 1, regex / JSON-schema / tool calls, pathological
-constraints, forked DSL programs, disconnects, aborts, cache flushes, malformed and over-long
-bodies, clients that never read). Every `--fault-every` seconds one fault fires in turn: a
+constraints, the hostile requests of hostile_corpus.py (each must get its stated status),
+forked DSL programs, disconnects, aborts, cache flushes, malformed and over-long bodies,
+clients that never read). Every `--fault-every` seconds one fault fires in turn: a
 model forward raises, the compile worker is killed mid-compile, the compile worker hangs.
 
 Watched every 10 s: the slot invariant (GET /debug/memory), the server's RSS and its

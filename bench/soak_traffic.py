@@ -24,6 +24,7 @@ import httpx
 import jsonschema
 
 from ..lang import RuntimeEndpoint
+from .hostile_corpus import hostile_requests
 from .soak_corpus import (
     MALFORMED,
     PATHOLOGICAL,
@@ -110,6 +111,8 @@ class Traffic:
         self.client, self.url, self.rng, self.model = client, url, rng, model
         self.endpoint = RuntimeEndpoint(url, timeout=120)
         self.counter = 0
+        # The soak's server has no API key: the requests that test one are left out.
+        self.hostile_cases = [h for h in hostile_requests(model) if h.authorization is None]
         self.scenarios: dict[str, tuple[int, Callable[[], Awaitable[Outcome]]]] = {
             "generate": (10, self.generate),
             "generate_stream": (8, self.generate_stream),
@@ -121,6 +124,7 @@ class Traffic:
             "json_schema": (5, self.json_schema),
             "tool_call": (4, self.tool_call),
             "pathological": (1, self.pathological),
+            "hostile": (2, self.hostile),
             "program_fork": (3, self.program_fork),
             "disconnect": (4, self.disconnect),
             "abort": (3, self.abort),
@@ -218,6 +222,17 @@ class Traffic:
         params = {"max_new_tokens": 16} | self.rng.choice(PATHOLOGICAL)
         out = await self._generate({"text": "x", "sampling_params": params}, expected=True)
         return out if isinstance(out, Outcome) else _check_items([out], lambda t: None, True)
+
+    async def hostile(self) -> Outcome:
+        """A request that once cost unbounded work: its stated status, errors with a message."""
+        case = self.rng.choice(self.hostile_cases)
+        r = await self.client.post(f"{self.url}{case.path}", json=case.body)
+        if r.status_code not in case.statuses:
+            return Outcome("bad", f"hostile {case.name} got HTTP {r.status_code}: {r.text[:200]}")
+        if r.status_code != 200:
+            return _http_error(r, expected=True)
+        items = r.json() if case.path == "/generate" else []
+        return _check_items(items if isinstance(items, list) else [items], lambda t: None)
 
     # ---- OpenAI chat ---------------------------------------------------------------------
     async def _chat(self, extra: dict[str, Any], expected: bool = False) -> Any:

@@ -161,6 +161,11 @@ class TreeCore:
     def _root(self, namespace: Hashable) -> RadixNode:
         root = self._roots.get(namespace)
         if root is None:
+            # Namespaces may be per request (cache salts): drop the empty roots once they
+            # outnumber the leaves, so they cost O(1) each and never accumulate.
+            if len(self._roots) > 2 * len(self._leaves) + 64:
+                kept = {ns: r for ns, r in self._roots.items() if r.children or ns is None}
+                self._roots = kept
             root = self._roots[namespace] = RadixNode([], [], uid=self._uid())
         return root
 

@@ -37,6 +37,8 @@ class EngineConfig:
     max_prompt_chars: int = 1 << 20  # characters of one text prompt, before tokenizing
     max_constraint_chars: int = 1 << 16  # characters of a regex / json_schema / ebnf
     max_queued_requests: int = 4096  # waiting requests; past it a new request is refused (429)
+    max_schema_depth: int = 64  # nesting of a json_schema document (objects and lists)
+    max_schema_regex_chars: int = 1 << 19  # a json_schema's regex, estimated before building
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
     cache_dir: str | None = None  # converted checkpoints; default ~/.cache/stemma
     chat_template: str | None = None  # a Jinja file or template replacing the checkpoint's
@@ -50,6 +52,7 @@ class EngineConfig:
     node_rank: int = 0  # this machine's place among them (0 runs the engine)
     dist_timeout_s: float = 5.0  # a collective waiting longer fails: a rank died or hung
     dist_connect_timeout_s: float = 300.0  # how long the other nodes' ranks may take to join
+    dist_secret_file: str | None = None  # the step messages' HMAC key; executor/tp_auth.py
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -86,6 +89,8 @@ class EngineConfig:
             "max_prompt_chars",
             "max_constraint_chars",
             "max_queued_requests",
+            "max_schema_depth",
+            "max_schema_regex_chars",
         )
         for name in positive:
             if getattr(self, name) < 1:

@@ -118,7 +118,11 @@ class Engine:
 
     async def async_generate(self, text=None, sampling_params=None, input_ids=None, **fields):
         """Awaitable /generate; with stream=True returns an async iterator of chunks."""
-        request, reqs = self._prepare(text, input_ids, sampling_params, fields)
+        # Tokenizing and building a constraint's regex take up to their bounds (limits.py);
+        # a worker thread spends them, so the caller's event loop keeps answering.
+        request, reqs = await asyncio.to_thread(
+            self._prepare, text, input_ids, sampling_params, fields
+        )
         if request.stream:
             return self._stream_async(request, reqs)
         results: list[Any] = [None] * len(reqs)
@@ -155,7 +159,7 @@ class Engine:
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(tok.eos_token_ids),
-            "chat_template": tok.chat_roles().to_dict() if tok.chat_template else None,
+            "chat_template": roles.to_dict() if (roles := tok.chat_roles()) else None,
         }
 
     def get_metrics(self) -> dict[str, Any]:
@@ -216,7 +220,7 @@ class Engine:
         p = item.params
         p.check_vocab(self.vocab_size)
         state = SamplingState.create(p, ids, self.vocab_size)
-        req = Req(item.rid, list(ids), p, state, item.logprob)
+        req = Req(item.rid, list(ids), p, state, item.logprob, namespace=item.namespace)
         req.stop = stop.matcher(self.tokenizer) if stop is not None else None
         req.grammar_handle = self.constraints.submit(p)
         return req

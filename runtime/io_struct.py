@@ -3,11 +3,14 @@
 Mirrors SGLang's GenerateReqInput: exactly one of text / input_ids, each single or a list
 (a batch); sampling_params a dict or a list of dicts, and so are return_logprob,
 logprob_start_len and top_logprobs_num (one value per prompt); `n` > 1 fans one prompt out to
-n items.
+n items. `cache_salt` (vLLM's name) puts every item in the prefix-cache namespace of that
+string: requests share cached K/V only with the same salt (or with none), so one tenant
+cannot tell from `cached_tokens` what another has sent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +32,9 @@ REQUEST_FIELDS = (
     "token_ids_logprob",
     "return_text_in_logprobs",
     "stream",
+    "cache_salt",
 )
+MAX_CACHE_SALT_CHARS = 1024
 
 DEFAULT_LIMITS = EngineConfig()
 
@@ -41,6 +46,7 @@ class GenerateItem:
     input_ids: list[int] | None
     params: SamplingParams
     logprob: LogprobRequest
+    namespace: bytes | None = None  # the radix namespace: sha256 of cache_salt, if any
 
 
 @dataclass(slots=True)
@@ -67,6 +73,7 @@ class GenerateRequest:
         if d.get("token_ids_logprob") is not None:
             raise ValueError("token_ids_logprob is not supported yet; use top_logprobs_num")
         logprobs = _logprob_requests(d, len(prompts))
+        namespace = _salt_namespace(d.get("cache_salt"))
         parsed = [SamplingParams.from_dict(p) for p in params]
         items = []
         for i, prompt in enumerate(prompts):
@@ -79,7 +86,12 @@ class GenerateRequest:
                 is_text = isinstance(prompt, str)
                 items.append(
                     GenerateItem(
-                        rid, prompt if is_text else None, None if is_text else prompt, sp, logprob
+                        rid,
+                        prompt if is_text else None,
+                        None if is_text else prompt,
+                        sp,
+                        logprob,
+                        namespace,
                     )
                 )
         stream = d.get("stream", False)
@@ -109,6 +121,19 @@ def check_prompt(
             f"logprob_start_len={item.logprob.logprob_start_len} is not below the prompt "
             f"length {len(ids)}"
         )
+
+
+def _salt_namespace(salt: Any) -> bytes | None:
+    """The radix namespace of a cache_salt: its SHA-256 (fixed size, whatever the salt)."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str):
+        raise TypeError(f"cache_salt must be a string, got {type(salt).__name__}")
+    if not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise ValueError(
+            f"cache_salt has {len(salt)} characters; it needs 1 to {MAX_CACHE_SALT_CHARS}"
+        )
+    return hashlib.sha256(salt.encode("utf-8", "surrogatepass")).digest()
 
 
 def _prompts(text: Any, ids: Any) -> tuple[list[str | list[int]], bool]:

@@ -2,7 +2,8 @@
 
 Every bound is an EngineConfig field (a `stemma serve` flag): prompts x n, characters of a
 text prompt, top_logprobs_num, the count and length of stop strings and stop regexes, and
-the size of a regex / json_schema / ebnf constraint. The checks here only count: they run
+the size of a regex / json_schema / ebnf constraint, and a json_schema's nesting depth and
+estimated regex size (constrained/schema_size.py). The checks here only count: they run
 before tokenizing, compiling a stop regex, or reading a schema, and cost time linear in the
 request's size (which the server's body limit bounds). Both the engine's parser
 (io_struct.py) and the HTTP server (before it tokenizes or checks constraints) call them.
@@ -14,6 +15,12 @@ import json
 from typing import Any
 
 from .config import EngineConfig
+from .constrained.schema_size import (
+    MAX_COUNT,
+    estimated_regex_chars,
+    json_depth,
+    oversized_count,
+)
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
@@ -43,9 +50,45 @@ def check_sampling_bounds(sp: dict[str, Any], limits: EngineConfig, prefix: str 
     _at_most(limits, "max_stop_strings", len(stops), "{} stop strings and regexes")
     longest = max((len(s) for s in stops), default=0)
     _at_most(limits, "max_stop_chars", longest, "a stop string or regex has {} characters")
+    schema = sp.get("json_schema")
+    if isinstance(schema, (dict, list)):  # depth first: measuring its size recurses
+        check_schema_bounds(schema, limits, f"{prefix}json_schema")
     for key in CONSTRAINT_FIELDS:
         size = constraint_size(sp.get(key), f"{prefix}{key}")
         _at_most(limits, "max_constraint_chars", size, f"{prefix}{key} has {{}} characters")
+    if isinstance(schema, str):
+        check_schema_bounds(schema, limits, f"{prefix}json_schema")
+
+
+def check_schema_bounds(schema: Any, limits: EngineConfig, name: str) -> None:
+    """A schema (dict or JSON text) nested deeper than max_schema_depth, or whose regex
+    would exceed max_schema_regex_chars by estimate, is refused before outlines-core reads it.
+    Text that is not JSON is left to the parser."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except RecursionError:
+            raise ValueError(
+                f"{name} is nested deeper than Python's JSON parser allows; the limit is "
+                f"{limits.max_schema_depth} (--max-schema-depth)"
+            ) from None
+        except ValueError:
+            return
+    _at_most(limits, "max_schema_depth", json_depth(schema), f"{name} is nested {{}} deep")
+    if (count := oversized_count(schema)) is not None:
+        raise ValueError(
+            f"{name}: {count[0]} is {count[1]}; a count must be below {MAX_COUNT} (2^32), the "
+            "most repetitions a regex holds"
+        )
+    try:
+        size = estimated_regex_chars(schema)
+    except RecursionError:
+        raise ValueError(
+            f"{name} is nested too deeply to estimate; lower the limit of "
+            f"{limits.max_schema_depth} (--max-schema-depth)"
+        ) from None
+    what = f"{name} would build a regex of about {{}} characters (an upper estimate)"
+    _at_most(limits, "max_schema_regex_chars", size, what)
 
 
 def constraint_size(value: Any, name: str) -> int:

@@ -11,12 +11,15 @@ checkpoint's eos_token_id names only its end-of-text token.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers.decoders import DecodeStream
+
+log = logging.getLogger("stemma.tokenizer")
 
 
 def _token_text(tok: Any) -> str | None:
@@ -81,12 +84,13 @@ class Tokenizer:
             template_file.read_text() if template_file.exists() else tcfg.get("chat_template")
         )
         self._chat_roles: ChatRoles | None = None
+        self._chat_roles_failed = False  # derived once, and logged, when it cannot be
 
     def set_chat_template(self, template: str) -> None:
         """Replace the checkpoint's template (--chat-template): a file path or the template."""
         path = Path(template).expanduser()
         self.chat_template = path.read_text() if path.is_file() else template
-        self._chat_roles = None
+        self._chat_roles, self._chat_roles_failed = None, False
 
     @property
     def template_takes_tools(self) -> bool:
@@ -125,13 +129,57 @@ class Tokenizer:
         )
         return text
 
-    def chat_roles(self) -> ChatRoles:
-        if self._chat_roles is None:
-            self._chat_roles = _derive_chat_roles(self.apply_chat_template)
+    def chat_roles(self) -> ChatRoles | None:
+        """The template's role markers, derived on first use; None (logged once) when not
+        even a user / assistant exchange renders into readable markers. Never raises: the
+        template is the checkpoint's code, and the server must start whatever it does."""
+        if self._chat_roles is None and not self._chat_roles_failed and self.chat_template:
+            try:
+                self._chat_roles = _derive_chat_roles(self.apply_chat_template)
+            except Exception as e:  # noqa: BLE001 - any template error: no markers, logged
+                self._chat_roles_failed = True
+                log.warning(
+                    "chat template role markers not derived (%s: %s); programs get no role "
+                    "markers from this server", type(e).__name__, e,
+                )  # fmt: skip
         return self._chat_roles
 
 
 def _derive_chat_roles(render: Any) -> ChatRoles:
+    """Role markers from renders of sentinel conversations; without a system role for
+    templates that refuse or fold a lone system message (Gemma 2 / 3)."""
+    try:
+        return _derive_with_system(render)
+    except Exception as e:  # noqa: BLE001 - the template's own error, or an unreadable render
+        log.info("chat template: no system role markers (%s: %s)", type(e).__name__, e)
+        return _derive_without_system(render)
+
+
+def _derive_without_system(render: Any) -> ChatRoles:
+    """User and assistant markers only: the user prefix is what the text before a first and
+    before a second user message share at their end."""
+    b, c, d = "\x01USR\x01", "\x01AST\x01", "\x01USR2\x01"
+    convo = [("user", b), ("assistant", c), ("user", d)]
+    full = render([{"role": r, "content": t} for r, t in convo], add_generation_prompt=False)
+    user_alone = render([{"role": "user", "content": b}], add_generation_prompt=False)
+    with_gen = render([{"role": "user", "content": b}], add_generation_prompt=True)
+    first, between = user_alone.split(b)[0], full.split(c)[1].split(d)[0]
+    shared = 0
+    while shared < min(len(first), len(between)) and first[-1 - shared] == between[-1 - shared]:
+        shared += 1
+    user_prefix = between[len(between) - shared :]
+    generation_prompt = with_gen[len(user_alone) :]
+    return ChatRoles(
+        roles={
+            "user": (user_prefix, full.split(d)[1]),
+            "assistant": (generation_prompt, between[: len(between) - shared]),
+        },
+        default_system_prompt=None,
+        generation_prompt=generation_prompt,
+    )
+
+
+def _derive_with_system(render: Any) -> ChatRoles:
     """Split renders of sentinel conversations into each role's prefix and suffix."""
     a, b, c, d = "\x01SYS\x01", "\x01USR\x01", "\x01AST\x01", "\x01USR2\x01"
     convo = [("system", a), ("user", b), ("assistant", c), ("user", d)]

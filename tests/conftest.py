@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis by default fails an example that runs past 200 ms and a test whose data takes
+# "too long" to generate: wall-clock checks that a slow or busy machine can trip with correct
+# code. Both are off; a hang is still bounded by the run's own limits.
+settings.register_profile("stemma", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("stemma")
 
 TINY_CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -97,6 +105,38 @@ def build_tiny_checkpoint(
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     return save_random_model(model, out)
+
+
+# The two speed measurements behind dtype "auto"'s weight plan on CPUs without native bfloat16
+# (dtype_policy.plan_small_steps). Measured for real, their verdict would depend on how fast
+# and how busy this CPU is, and it changes the numerics of every engine built with dtype
+# "auto" (float16 weights, bfloat16 copies for small steps, or neither). Tests get a fixed
+# verdict instead, "neither wins" (auto float32 computes as explicit float32); the tests of
+# the decision inject their own verdicts, and the measuring code itself runs on tiny sizes
+# through the real_speed_measurements fixture.
+_MEASURED_VERDICTS = {"fp16_weights_win": False, "bfloat16_small_step_rows": 0}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_speed_measurements():
+    """Session-wide, so that module- and session-scoped engines get the fixed verdicts too."""
+    import stemma.runtime.dtype_policy as policy
+
+    originals = {name: getattr(policy, name) for name in _MEASURED_VERDICTS}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, verdict in _MEASURED_VERDICTS.items():
+            mp.setattr(policy, name, lambda *args, _v=verdict, **kw: _v)
+        yield originals
+
+
+@pytest.fixture
+def real_speed_measurements(_no_speed_measurements, monkeypatch):
+    """The real measuring functions back, for one test (of the measuring code itself)."""
+    import stemma.runtime.dtype_policy as policy
+
+    for name, fn in _no_speed_measurements.items():
+        monkeypatch.setattr(policy, name, fn)
+    return _no_speed_measurements
 
 
 @pytest.fixture(scope="session")
@@ -219,3 +259,33 @@ def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[i
 @pytest.fixture(scope="session")
 def make_prompts():
     return random_prompts
+
+
+class StepGate:
+    """Holds an engine's loop before a step until the test releases it: lets `free` steps
+    run, then the next one waits. A request cannot finish on its own meanwhile, however fast
+    this CPU is, and commands sent to the engine (an abort) are seen right after the held
+    step, since the loop drains its inbox between steps."""
+
+    def __init__(self, engine, monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+        self.free, self.released, self.held = free, threading.Event(), threading.Event()
+        real = engine.scheduler.step
+
+        def step():
+            if self.free > 0:
+                self.free -= 1
+            else:
+                self.held.set()
+                assert self.released.wait(60), "the test never released the engine"
+            return real()
+
+        monkeypatch.setattr(engine.scheduler, "step", step)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@pytest.fixture
+def step_gate(monkeypatch: pytest.MonkeyPatch):
+    """step_gate(engine, free=n): a StepGate on `engine`, removed after the test."""
+    return lambda engine, free=0: StepGate(engine, monkeypatch, free)

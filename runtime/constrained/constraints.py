@@ -6,6 +6,7 @@ scheduler thread; the scheduler admits the request once its grammar is ready.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 from ..faults import Faults
@@ -29,17 +30,19 @@ class Constraints:
         self.cache_dir = cache_dir
         self.limits = limits
         self._service: GrammarService | None = None
+        self._service_lock = threading.Lock()  # submit runs on any caller's thread
 
     @property
     def service(self) -> GrammarService:
-        if self._service is None:  # the vocabulary costs a second; build it on first use
-            from .vocabulary import Vocabulary
+        with self._service_lock:
+            if self._service is None:  # the vocabulary costs a second; build it on first use
+                from .vocabulary import Vocabulary
 
-            vocab = Vocabulary.from_tokenizer(self.tokenizer)
-            self._service = GrammarService(
-                vocab, cache_dir=self.cache_dir, limits=self.limits, faults=self.faults
-            )
-        return self._service
+                vocab = Vocabulary.from_tokenizer(self.tokenizer)
+                self._service = GrammarService(
+                    vocab, cache_dir=self.cache_dir, limits=self.limits, faults=self.faults
+                )
+            return self._service
 
     def submit(self, params: SamplingParams) -> GrammarHandle | None:
         """Start compiling params' constraint; None if it has none. ValueError on bad input."""
@@ -53,8 +56,8 @@ class Constraints:
         regex = resolve(spec).regex  # unsupported features and schema keywords, by name
         try:
             re.compile(regex)
-        except re.error as err:
-            raise ValueError(f"invalid regex: {err}") from err
+        except (re.error, RecursionError, OverflowError) as err:  # a repeat past 2^32, say
+            raise ValueError(f"invalid regex: {err}") from None
         return self.service.submit(spec)
 
     def close(self) -> None:

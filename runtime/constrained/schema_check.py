@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .json_safe import can_match_unsafe
 from .regex_check import scan_regex
 
 _ANNOTATIONS = frozenset(
@@ -48,7 +49,6 @@ _SAFE_FORMAT_PATTERNS = {
     "email": r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*\.[a-zA-Z]{2,}",
     "uri": r"(https?|ftp)://[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}(:[0-9]{1,5})?(/[a-zA-Z0-9._~%!$&'()*+,;=:@-]*)*",
 }
-_JSON_UNSAFE_BYTES = frozenset([*range(1, 0x20), ord('"'), ord("\\")])
 
 
 @dataclass(slots=True)
@@ -187,35 +187,10 @@ def _check_string_pattern(pattern: Any, path: str, issues: list[str]) -> None:
     body = pattern[1:-1] if pattern.startswith("^") and pattern.endswith("$") else pattern
     try:
         scan_regex(body)
-        if _can_match_bytes(body, _JSON_UNSAFE_BYTES):
+        if can_match_unsafe(body):
             issues.append(
                 f"{path}: pattern {pattern!r} can match '\"', '\\\\' or a control character, "
                 "which outlines-core would emit unescaped (invalid JSON); exclude them"
             )
     except ValueError as err:
         issues.append(f"{path}: pattern {pattern!r}: {err}")
-
-
-def _can_match_bytes(regex: str, byte_values: frozenset[int]) -> bool:
-    """Whether some full match of `regex` contains one of `byte_values` (byte-level DFA walk)."""
-    from outlines_core import Index, Vocabulary
-
-    tokens = {bytes([b]): [b] for b in range(256)}  # byte 0 is the end marker, as in matcher.py
-    index = Index(f"(?:{regex})\\x00", Vocabulary(256, tokens))
-    transitions = index.get_transitions()
-    reverse: dict[int, set[int]] = {}
-    for state, edges in transitions.items():
-        for target in edges.values():
-            reverse.setdefault(target, set()).add(state)
-    live, stack = set(index.get_final_states()), list(index.get_final_states())
-    while stack:
-        for prev in reverse.get(stack.pop(), ()):
-            if prev not in live:
-                live.add(prev)
-                stack.append(prev)
-    return any(
-        b in byte_values and target in live
-        for state, edges in transitions.items()
-        if state in live
-        for b, target in edges.items()
-    )

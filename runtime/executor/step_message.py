@@ -3,12 +3,14 @@
 Layout: [op, B, num_tokens, num_kv, num_logits] then input_ids, prefix_lens, extend_lens,
 req_pool_idx, out_cache_loc, kv_indices, logits_idx. A receiver rebuilds the ForwardBatch
 (positions, seq_lens, indptrs, mode) from these, so every rank runs the same step. op STOP
-(and nothing after it) ends a worker.
+(and nothing after it) ends a worker. `unpack_step` checks every size and index against the
+receiver's StepBounds before it builds anything: the message came over a socket.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import torch
 
@@ -20,6 +22,16 @@ HEADER_LEN = 5
 class StepOp(enum.IntEnum):
     FORWARD = 1
     STOP = 2
+
+
+class StepBounds(NamedTuple):
+    """What the receiving rank holds: ids below vocab_size, rows below num_rows, slots below
+    num_slots, no sequence longer than max_context."""
+
+    vocab_size: int
+    num_rows: int
+    num_slots: int
+    max_context: int
 
 
 def pack_step(fb: ForwardBatch) -> bytes:
@@ -42,16 +54,27 @@ def pack_stop() -> bytes:
     return torch.tensor([StepOp.STOP, 0, 0, 0, 0]).numpy().tobytes()
 
 
-def unpack_step(data: bytes, device: torch.device | str = "cpu") -> ForwardBatch | None:
-    """The ForwardBatch of a FORWARD message; None for STOP."""
+def unpack_step(
+    data: bytes, device: torch.device | str = "cpu", bounds: StepBounds | None = None
+) -> ForwardBatch | None:
+    """The ForwardBatch of a FORWARD message; None for STOP. ValueError for a message whose
+    sizes or indices do not fit `bounds` (or each other)."""
+    if len(data) % 8 or len(data) < 8 * HEADER_LEN:
+        raise ValueError(f"a step message has {len(data)} bytes, not 8 x ({HEADER_LEN} + n)")
     flat = torch.frombuffer(bytearray(data), dtype=torch.int64)
     op, b, n, num_kv, num_logits = flat[:HEADER_LEN].tolist()
-    if op == StepOp.STOP:
+    if op == StepOp.STOP and flat.numel() == HEADER_LEN:
         return None
     sizes = [n, b, b, b, n, num_kv, num_logits]
+    if op != StepOp.FORWARD or min(sizes) < 0 or HEADER_LEN + sum(sizes) != flat.numel():
+        raise ValueError(
+            f"step message header {[op, b, n, num_kv, num_logits]} does not match its "
+            f"{flat.numel()} values"
+        )
     ids, prefix, extend, rows, out_loc, kv_indices, logits_idx = flat[HEADER_LEN:].split(sizes)
     prefix_cpu, extend_cpu = prefix.tolist(), extend.tolist()
     seq_cpu = [p + e for p, e in zip(prefix_cpu, extend_cpu)]
+    _check_step(bounds, ids, rows, out_loc, kv_indices, logits_idx, prefix_cpu, extend_cpu)
     positions = torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_cpu, extend_cpu)])
     zero = torch.zeros(1, dtype=torch.int64)
     qo_indptr = torch.cat([zero, extend.cumsum(0)])
@@ -77,3 +100,40 @@ def unpack_step(data: bytes, device: torch.device | str = "cpu") -> ForwardBatch
         extend_lens_cpu=extend_cpu,
         logits_idx=logits_idx.to(device),
     )
+
+
+def _check_step(
+    bounds: StepBounds | None,
+    ids: torch.Tensor,
+    rows: torch.Tensor,
+    out_loc: torch.Tensor,
+    kv_indices: torch.Tensor,
+    logits_idx: torch.Tensor,
+    prefix: list[int],
+    extend: list[int],
+) -> None:
+    """ValueError naming the first field of a FORWARD message out of its range."""
+    if not extend or min(prefix) < 0 or min(extend) < 1:
+        raise ValueError(f"step message: prefix_lens {prefix[:8]} / extend_lens {extend[:8]}")
+    if sum(extend) != ids.numel() or sum(prefix) + sum(extend) != kv_indices.numel():
+        raise ValueError(
+            f"step message: {ids.numel()} tokens and {kv_indices.numel()} kv indices for "
+            f"extend_lens summing to {sum(extend)} over prefixes summing to {sum(prefix)}"
+        )
+    limits = {"logits_idx": (logits_idx, ids.numel())}
+    if bounds is not None:
+        limits |= {
+            "input_ids": (ids, bounds.vocab_size),
+            "req_pool_idx": (rows, bounds.num_rows),
+            "out_cache_loc": (out_loc, bounds.num_slots),
+            "kv_indices": (kv_indices, bounds.num_slots),
+        }
+        longest = max(p + e for p, e in zip(prefix, extend))
+        if longest > bounds.max_context:
+            raise ValueError(f"step message: a {longest}-token sequence over {bounds.max_context}")
+    for name, (values, limit) in limits.items():
+        if values.numel() and not (0 <= int(values.min()) and int(values.max()) < limit):
+            raise ValueError(
+                f"step message: {name} spans [{int(values.min())}, {int(values.max())}], "
+                f"outside [0, {limit})"
+            )

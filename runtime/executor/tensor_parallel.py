@@ -1,8 +1,8 @@
 """Rank 0's side of tensor parallelism: it spawns this node's ranks 1..N/nnodes-1
 (tp_worker.py; the other nodes start theirs with tp_node.py), meets every rank in a gloo group
 through a TCPStore (tp_store.py), and publishes each step's ForwardBatch (step_message.py)
-under the store key step/<n> before running it; every rank runs the same step and rank 0 gets
-the gathered logits.
+under the store key step/<n> before running it, sealed with the launch secret (tp_auth.py);
+every rank runs the same step and rank 0 gets the gathered logits.
 
 Lifecycle. A worker that dies or hangs makes the step's collectives fail (a reset connection at
 once, a hung peer after dist_timeout_s); `forward` then raises WorkerLost naming the rank
@@ -32,11 +32,12 @@ from ..models.config import ModelConfig
 from ..models.parallel import TPGroup, check_divisible
 from .forward_batch import ForwardBatch
 from .step_message import pack_step, pack_stop
+from .tp_auth import SealedStore, launch_secret
 from .tp_store import (
     STALE_S,
-    STORE_TIMEOUT,
     HeartbeatMonitor,
     Plan,
+    listen_store,
     local_address,
     node_of,
     split_addr,
@@ -68,14 +69,14 @@ class TensorParallel:
         self._stopping = False
         self._step = 0
         host, port = split_addr(cfg.dist_init_addr)
-        self.store = dist.TCPStore(
-            host, port, self.size, True, timeout=STORE_TIMEOUT, wait_for_workers=False
-        )
+        secret = launch_secret(cfg)
+        self.store = listen_store(host, port, self.size)
+        self.sealed = SealedStore(self.store, secret)
         dtype_name = str(dtype).removeprefix("torch.")
-        Plan(asdict(cfg), dtype_name, model_config).publish(self.store)
+        Plan(asdict(cfg), dtype_name, model_config).publish(self.sealed)
         self.beats = HeartbeatMonitor((host, self.store.port), range(1, self.size))
         ctx = mp.get_context("spawn")
-        spec = WorkerSpec(cfg, ckpt_dir, dtype_name, host, self.store.port, os.getpid())
+        spec = WorkerSpec(cfg, ckpt_dir, dtype_name, host, self.store.port, os.getpid(), secret)
         per_node = self.size // cfg.nnodes
         self.procs = {
             rank: ctx.Process(target=run_worker, args=(rank, spec), daemon=True,
@@ -102,8 +103,8 @@ class TensorParallel:
         """Tell the workers rank 0's weight plan (dtype_policy.plan_small_steps, measured
         once, so every rank runs the same kernels), wait until every rank has built its
         runner, and start the watchdog."""
-        self.store.set("small_step_rows", str(small_step_rows).encode())
-        self.store.set("fp16_weights", b"1" if fp16_weights else b"0")
+        self.sealed.set("small_step_rows", str(small_step_rows).encode())
+        self.sealed.set("fp16_weights", b"1" if fp16_weights else b"0")
         self._wait_keys("ready", "load its shard")
         threading.Thread(target=self._watch, name="stemma-tp-watchdog", daemon=True).start()
 
@@ -170,7 +171,7 @@ class TensorParallel:
 
     def _publish(self, message: bytes) -> None:
         self._step += 1
-        self.store.set(f"step/{self._step}", message)
+        self.sealed.set(f"step/{self._step}", message)
         if self._step > 1:  # every rank read it: the last step's collectives completed
             self.store.delete_key(f"step/{self._step - 1}")
 

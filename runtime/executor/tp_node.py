@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 
 from ..config import EngineConfig
 from ..models.loader import resolve_checkpoint
+from .tp_auth import ForgedMessage, SealedStore, launch_secret
 from .tp_store import Plan, split_addr
 from .tp_worker import WorkerSpec, run_worker
 
@@ -34,16 +35,19 @@ def serve_node(node: EngineConfig) -> int:
     per_node = node.tp_size // node.nnodes
     ranks = range(node.node_rank * per_node, (node.node_rank + 1) * per_node)
     log.info("node %d: ranks %s wait for rank 0 at %s", node.node_rank, list(ranks), host)
+    secret = launch_secret(node)  # before waiting: a node without one fails at once
     timeout = datetime.timedelta(seconds=node.dist_connect_timeout_s)
     store = dist.TCPStore(host, port, node.tp_size, False, timeout=timeout)
-    plan = Plan.read(store)
     try:
+        plan = Plan.read(SealedStore(store, secret))
         cfg = plan.config_for(node, json.loads((ckpt / "config.json").read_text()))
     except ValueError as e:
+        if isinstance(e, ForgedMessage):
+            e = ValueError(f"node {node.node_rank}'s secret is not node 0's ({e})")
         for rank in ranks:  # rank 0 fails its start with this instead of waiting it out
             store.set(f"error/{rank}", str(e).encode())
-        raise
-    spec = WorkerSpec(cfg, str(ckpt), plan.dtype, host, port, os.getpid())
+        raise e from None
+    spec = WorkerSpec(cfg, str(ckpt), plan.dtype, host, port, os.getpid(), secret)
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(target=run_worker, args=(rank, spec), daemon=True, name=f"stemma-tp{rank}")

@@ -4,6 +4,8 @@ rank on another machine builds exactly rank 0's shard layout and KV pool; every 
 counter hb/<rank> every HEARTBEAT_S on a connection of its own, and rank 0 notes on its own
 clock when each counter last moved (the machines' clocks need not agree). A rank whose counter
 stops is dead or hung, wherever it runs; a worker that cannot reach the store exits at once.
+The store listens only on dist_init_addr's address, and what rank 0 writes for the workers is
+sealed (tp_auth.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..config import EngineConfig
+from .tp_auth import SealedStore
 
 HEARTBEAT_S = 0.5
 STALE_S = 4 * HEARTBEAT_S  # a rank silent this long is dead or hung
@@ -35,6 +38,28 @@ def split_addr(addr: str | None) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"dist_init_addr must be HOST:PORT, got {addr!r}")
     return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def listen_store(host: str, port: int, world_size: int) -> dist.TCPStore:
+    """Rank 0's TCPStore, listening on host's address only. TCPStore itself binds every
+    interface whatever host says (pytorch#173909), so the socket is bound here and torch
+    takes over its descriptor (and closes it with the store)."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(1024)
+        bound_port = sock.getsockname()[1]
+        store = dist.TCPStore(
+            host, bound_port, world_size, True, timeout=STORE_TIMEOUT,
+            wait_for_workers=False, master_listen_fd=sock.fileno(),
+        )  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    return store
 
 
 def local_address(host: str, port: int) -> str:
@@ -58,11 +83,12 @@ class Plan:
     dtype: str  # a torch dtype name, e.g. "float64"
     model_config: dict[str, Any]  # the checkpoint's config.json
 
-    def publish(self, store: dist.Store) -> None:
+    def publish(self, store: SealedStore) -> None:
         store.set("plan", json.dumps(asdict(self)).encode())
 
     @staticmethod
-    def read(store: dist.Store) -> Plan:
+    def read(store: SealedStore) -> Plan:
+        """Rank 0's plan; tp_auth.ForgedMessage when this node's secret is not rank 0's."""
         return Plan(**json.loads(store.get("plan")))
 
     def config_for(self, node: EngineConfig, model_config: dict[str, Any]) -> EngineConfig:
@@ -82,7 +108,8 @@ class Plan:
                 f"model {node.model!r} on node {node.node_rank} is not rank 0's model: "
                 f"config.json differs in {differ}"
             )
-        local = {"model": node.model, "cache_dir": node.cache_dir, "node_rank": node.node_rank}
+        local = {"model": node.model, "cache_dir": node.cache_dir, "node_rank": node.node_rank,
+                 "dist_secret_file": node.dist_secret_file}  # fmt: skip
         return EngineConfig(**(self.engine | local))
 
 

@@ -1,7 +1,9 @@
 """A tensor-parallel worker process (rank >= 1): load this rank's shard, then run every step
-rank 0 publishes (step_message.py) until STOP. One torch thread unless num_threads says
-otherwise. It exits when its parent or rank 0 dies or the group breaks (tp_store.beat), so it
-never outlives the engine; after STOP it says so under stopped/<rank> and exits 0.
+rank 0 publishes (step_message.py) until STOP. A step that fails authentication (tp_auth.py)
+is logged, counted under rejected/<rank> and skipped: the worker waits for rank 0's sealed
+one under the same key. One torch thread unless num_threads says otherwise. It exits when
+its parent or rank 0 dies or the group breaks (tp_store.beat), so it never outlives the
+engine; after STOP it says so under stopped/<rank> and exits 0.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +22,8 @@ from ..config import EngineConfig
 from ..models.loader import load_decoder
 from ..models.parallel import TPGroup
 from .model_runner import ModelRunner
-from .step_message import unpack_step
+from .step_message import StepBounds, unpack_step
+from .tp_auth import ForgedMessage, SealedStore
 from .tp_store import STORE_TIMEOUT, beat, local_address
 
 log = logging.getLogger("stemma.tp")
@@ -36,6 +40,7 @@ class WorkerSpec:
     host: str  # rank 0's store
     port: int
     parent_pid: int | None  # exit when this process is no longer the parent; None: no parent
+    secret: bytes  # the launch's HMAC key (tp_auth.py); never written to the store
 
 
 def run_worker(rank: int, spec: WorkerSpec) -> None:
@@ -49,34 +54,58 @@ def run_worker(rank: int, spec: WorkerSpec) -> None:
         daemon=True,
     )
     heartbeat.start()
-    store = dist.TCPStore(spec.host, spec.port, spec.cfg.tp_size, False, timeout=STORE_TIMEOUT)
-    store.set(f"up/{rank}", b"1")
+    raw = dist.TCPStore(spec.host, spec.port, spec.cfg.tp_size, False, timeout=STORE_TIMEOUT)
+    store = SealedStore(raw, spec.secret)
+    raw.set(f"up/{rank}", b"1")
     try:
         address = local_address(spec.host, spec.port)
-        group = TPGroup.connect(store, rank, spec.cfg.tp_size, spec.cfg.dist_timeout_s, address)
+        group = TPGroup.connect(raw, rank, spec.cfg.tp_size, spec.cfg.dist_timeout_s, address)
         dtype = getattr(torch, spec.dtype)
         model, _ = load_decoder(Path(spec.ckpt_dir), dtype, spec.cfg.device, group)
-        small_step_rows = int(store.get("small_step_rows"))  # rank 0's measured plan
-        fp16_weights = store.get("fp16_weights") == b"1"
+        small_step_rows = int(_authentic(store, rank, "small_step_rows"))  # rank 0's plan
+        fp16_weights = _authentic(store, rank, "fp16_weights") == b"1"
         runner = ModelRunner(spec.cfg, model, small_step_rows, fp16_weights=fp16_weights)
     except Exception as e:  # noqa: BLE001 - reported to rank 0, which fails the engine's start
-        store.set(f"error/{rank}", f"{type(e).__name__}: {e}".encode())
+        raw.set(f"error/{rank}", f"{type(e).__name__}: {e}".encode())
         raise
-    store.set(f"ready/{rank}", b"1")
-    _serve(store, runner)
+    raw.set(f"ready/{rank}", b"1")
+    _serve(store, rank, runner)
     stop_beating.set()  # before rank 0 may close the store: a failed beat would exit(3)
     heartbeat.join()
-    store.set(f"stopped/{rank}", b"1")
+    raw.set(f"stopped/{rank}", b"1")
 
 
-def _serve(store: dist.Store, runner: ModelRunner) -> None:
+def _serve(store: SealedStore, rank: int, runner: ModelRunner) -> None:
+    bounds = StepBounds(
+        runner.model.cfg.vocab_size,
+        runner.req_to_token_pool.req_to_token.shape[0],
+        runner.num_slots,
+        runner.req_to_token_pool.max_context,
+    )
     step = 1
     while True:
         key = f"step/{step}"
         # Idle may last forever; a lost rank 0 closes the store's socket, which ends the wait.
-        store.wait([key], IDLE_WAIT)
-        fb = unpack_step(store.get(key), runner.device)
+        store.raw.wait([key], IDLE_WAIT)
+        fb = unpack_step(_authentic(store, rank, key), runner.device, bounds)
         if fb is None:
             return
         runner.forward(fb)
         step += 1
+
+
+def _authentic(store: SealedStore, rank: int, key: str) -> bytes:
+    """The sealed value under key. A forged one is logged and counted, and the key read again
+    until rank 0's own value replaces it (rank 0 writes every step it runs)."""
+    rejected, pause_s = None, 0.001
+    while True:
+        message = store.raw.get(key)
+        try:
+            return store.unseal(key, message)
+        except ForgedMessage as e:
+            if message != rejected:
+                log.error("tensor-parallel rank %d rejected a step: %s", rank, e)
+                store.raw.add(f"rejected/{rank}", 1)
+                rejected = message
+        time.sleep(pause_s)
+        pause_s = min(2 * pause_s, 0.05)

@@ -25,11 +25,12 @@ from fastapi import FastAPI
 from ..config import EngineConfig
 from ..engine import Engine
 from ..executor.tp_node import serve_node
+from .auth import LOOPBACK_BINDS, ApiKeyMiddleware, LoopbackHostMiddleware
 from .data_parallel import serve_dp
 from .debug import router as debug_router
 from .errors import install_error_handlers
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestCounter
+from .middleware import BodyLimitMiddleware, RequestCounter
 from .openai.routes import router as openai_router
 from .routes import router as native_router
 from .state import ServerState
@@ -46,19 +47,25 @@ def create_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    admin_api_key: str | None = None,
+    host: str | None = None,
 ) -> FastAPI:
-    """The ASGI app serving `engine` (the caller owns the engine and shuts it down)."""
+    """The ASGI app serving `engine` (the caller owns the engine and shuts it down). `host` is
+    the address the server binds: on loopback, Host headers must name loopback (auth.py)."""
     app = FastAPI(title="stemma", summary="SGLang-compatible and OpenAI-compatible LLM server")
     metrics = ServerMetrics(engine)
     app.state.server = ServerState(
-        engine, served_model_name or engine.config.model, api_key, max_request_bytes, metrics
-    )
+        engine, served_model_name or engine.config.model, api_key, max_request_bytes, metrics,
+        admin_api_key=admin_api_key,
+    )  # fmt: skip
     install_error_handlers(app)
     app.include_router(native_router)
     app.include_router(openai_router)
     app.include_router(debug_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
-    app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key, admin_api_key=admin_api_key)
+    if host in LOOPBACK_BINDS:
+        app.add_middleware(LoopbackHostMiddleware)
     app.add_middleware(RequestCounter, metrics=metrics)  # outermost: sees 401s and 413s too
     return app
 
@@ -120,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     parser.add_argument(
+        "--admin-api-key",
+        default=None,
+        help="the key for /flush_cache, abort_all and /debug/* (refused to --api-key holders)",
+    )
+    parser.add_argument(
         "--served-model-name", default=None, help="the name /v1 clients use (default: --model)"
     )
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
@@ -162,8 +174,8 @@ def main(argv: list[str]) -> int:
         return serve_node(cfg)
     if args.dp_size > 1:
         return serve_dp(_without(argv, ("--dp-size", "--port", "--host")), args.dp_size,
-                        args.host, args.port)  # fmt: skip
-    if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
+                        args.host, args.port, args.api_key)  # fmt: skip
+    if args.host not in LOOPBACK_BINDS and args.api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches it can use it", args.host)
     engine = Engine(args.model, **options)
     try:
@@ -172,6 +184,8 @@ def main(argv: list[str]) -> int:
             served_model_name=args.served_model_name,
             api_key=args.api_key,
             max_request_bytes=args.max_request_bytes,
+            admin_api_key=args.admin_api_key,
+            host=args.host,
         )
         config = uvicorn.Config(
             app,

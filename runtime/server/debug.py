@@ -1,19 +1,26 @@
-"""Debug routes: the KV memory's state (always on, read-only) and the test-only fault
-switches (404 unless the engine runs with enable_fault_injection; runtime/faults.py)."""
+"""Debug routes, admin only (auth.py): the KV memory's state (always on, read-only) and the
+test-only fault switches (404 unless the engine runs with enable_fault_injection;
+runtime/faults.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
 from ..faults import FAULT_KINDS
+from .auth import require_admin
 from .errors import ERROR_RESPONSES, APIError
 from .routes import get_state
 
-router = APIRouter(prefix="/debug", tags=["debug"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/debug",
+    tags=["debug"],
+    responses=ERROR_RESPONSES,
+    dependencies=[Depends(require_admin)],
+)
 
 
 class FaultIn(BaseModel):

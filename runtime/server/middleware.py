@@ -1,9 +1,9 @@
-"""ASGI middleware around the app: the optional bearer API key, the request body limit, and
-per-route request counting for /metrics. Each answers refusals with the JSON error body."""
+"""ASGI middleware around the app: the request body limit and per-route request counting for
+/metrics (the keys and Host checks are in auth.py). Each answers refusals with the JSON error
+body."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 from starlette.exceptions import HTTPException
@@ -13,33 +13,6 @@ from .errors import error_response
 from .metrics import ServerMetrics
 
 log = logging.getLogger("stemma.server")
-OPEN_PATHS = frozenset({"/health"})  # answered without the API key
-
-
-class ApiKeyMiddleware:
-    """With an API key set, every route but OPEN_PATHS needs `Authorization: Bearer KEY`."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
-        self.app, self.api_key = app, api_key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.api_key is None or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        given = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), self.api_key):
-            await self.app(scope, receive, send)
-            return
-        message = "missing API key" if not given else "invalid API key"
-        response = error_response(
-            401,
-            f"{message}: send 'Authorization: Bearer <key>'",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-        await response(scope, receive, send)
 
 
 class BodyLimitMiddleware:

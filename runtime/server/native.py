@@ -15,8 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import EngineConfig
 from ..constrained.spec import constraint_regex
-from ..limits import check_bounds
+from ..limits import check_bounds, check_schema_bounds
 from .errors import APIError
 from .sglang_fields import accept_sglang_fields
 from .state import ServerState
@@ -72,6 +73,7 @@ class GenerateIn(BaseModel):
     token_ids_logprob: list[int] | None = None
     return_text_in_logprobs: bool | None = None
     stream: bool = False
+    cache_salt: str | None = Field(None, description="prefix cache shared only with this salt")
 
 
 class TokenizeIn(BaseModel):
@@ -116,25 +118,32 @@ def check_regex(pattern: str, param: str) -> None:
         raise APIError(400, f"{param}: {e}", param) from None
 
 
-def check_json_schema(schema: str | dict[str, Any], param: str) -> None:
-    """A JSON schema the constraint compiler rejects (invalid, unsupported, or with keywords
-    it would silently ignore) is a 400 now, with the compiler's reason."""
+def check_json_schema(schema: str | dict[str, Any], param: str, limits: EngineConfig) -> None:
+    """A JSON schema over the depth / size bounds, or one the constraint compiler rejects
+    (invalid, unsupported, or with keywords it would silently ignore) is a 400 now, with the
+    reason. Building its regex costs up to max_schema_regex_chars: call it off the event loop."""
+    try:
+        check_schema_bounds(schema, limits, param)  # its messages name `param`
+    except ValueError as e:
+        raise APIError(400, str(e), param) from None
     try:
         constraint_regex(json_schema=schema)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError, OverflowError) as e:
         raise APIError(400, f"{param}: {e}", param) from None
 
 
-def check_constraints(sp: dict[str, Any], prefix: str = "sampling_params.") -> None:
+def check_constraints(
+    sp: dict[str, Any], limits: EngineConfig, prefix: str = "sampling_params."
+) -> None:
     if sp.get("regex") is not None:
         check_regex(sp["regex"], f"{prefix}regex")
     if sp.get("json_schema") is not None:
-        check_json_schema(sp["json_schema"], f"{prefix}json_schema")
+        check_json_schema(sp["json_schema"], f"{prefix}json_schema", limits)
 
 
 def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any], list[str]]:
     """The engine request dict for `body` (prompts as token ids, rids assigned) and the rids
-    the engine will use."""
+    the engine will use. It tokenizes and builds constraints: call it off the event loop."""
     req = body.model_dump(exclude_none=True)
     for name in accept_sglang_fields(body.model_extra or {}):
         req.pop(name, None)
@@ -160,7 +169,7 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     params = req.get("sampling_params")
     per_item = params if isinstance(params, list) else [params or {}] * len(prompts)
     for i, sp in enumerate(per_item):
-        check_constraints(sp)
+        check_constraints(sp, state.engine.config)
         if i < len(prompts):
             state.check_budget(
                 len(prompts[i]), sp.get("max_new_tokens"), "sampling_params.max_new_tokens"

@@ -16,9 +16,10 @@ from contextlib import aclosing
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from .auth import require_admin
 from .errors import ERROR_RESPONSES, APIError, abort_status, error_dict
 from .native import AbortIn, DetokenizeIn, GenerateIn, TokenizeIn, native_request
 from .state import SSE_DONE, ServerState, sse, sse_response, until_disconnected
@@ -37,7 +38,7 @@ def get_state(request: Request) -> ServerState:
 async def generate(body: GenerateIn, request: Request) -> Response:
     """SGLang's /generate: one response, a list for a batch, or server-sent events."""
     state, start = get_state(request), time.monotonic()
-    req, rids = native_request(body, state)
+    req, rids = await asyncio.to_thread(native_request, body, state)  # /health stays live
     if body.stream:
         chunks = await state.open_stream(req, rids)
         return sse_response(_native_events(state, chunks, rids, start))
@@ -130,10 +131,9 @@ async def health_generate(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.post("/flush_cache", tags=["native"])
-@router.get("/flush_cache", tags=["native"], operation_id="flush_cache_get")
+@router.post("/flush_cache", tags=["native"], dependencies=[Depends(require_admin)])
 async def flush_cache(request: Request) -> dict[str, Any]:
-    """Empty the radix cache; 409 while requests are running."""
+    """Empty the radix cache; 409 while requests are running. Admin only (auth.py)."""
     try:
         await asyncio.to_thread(get_state(request).engine.flush_cache)
     except RuntimeError as e:
@@ -143,10 +143,13 @@ async def flush_cache(request: Request) -> dict[str, Any]:
 
 @router.post("/abort_request", tags=["native"])
 async def abort_request(body: AbortIn, request: Request) -> dict[str, Any]:
-    """Abort one request by rid (unknown rids are ignored), or every request this server runs."""
+    """Abort one request by rid (unknown rids are ignored), or every request this server runs
+    (abort_all: admin only)."""
     state = get_state(request)
     if body.abort_all == (body.rid is not None):
         raise APIError(400, "send either 'rid' or 'abort_all': true", "rid")
+    if body.abort_all:
+        require_admin(request)
     rids = list(state.active) if body.abort_all else [body.rid or ""]
     for rid in rids:
         state.engine.abort(rid, "aborted by /abort_request")

@@ -37,6 +37,7 @@ class ServerState:
     max_request_bytes: int
     metrics: ServerMetrics
     context_len: int = 0
+    admin_api_key: str | None = None  # opens the admin routes too (auth.py)
     started: float = field(default_factory=time.time)
     active: dict[str, None] = field(default_factory=dict)  # an insertion-ordered set of rids
 

@@ -85,7 +85,7 @@ class FakeBackend:
 
     def _wait_for_consumer(self) -> None:
         if self.stream_gate is not None:
-            self.stream_gate.acquire(timeout=10)
+            assert self.stream_gate.acquire(timeout=60), "the consumer never took the last chunk"
 
     def get_model_info(self) -> dict[str, Any]:
         return {"model_path": "fake", "chat_template": self.chat_template}

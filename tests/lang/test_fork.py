@@ -178,8 +178,8 @@ def test_sync_waits_for_branches_nobody_read(make_backend):
     done: list[str] = []
 
     def slow(prompt: str, params: dict) -> str:
-        if prompt.endswith("B:"):
-            release.wait(5)
+        if prompt.endswith("B:"):  # cannot finish before the test releases it, however slow
+            assert release.wait(60), "never released"
         done.append(prompt[-2:])
         return "x"
 

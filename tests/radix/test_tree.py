@@ -217,6 +217,25 @@ def test_namespaces_cache_separately() -> None:
     tree.check_invariants()
 
 
+def test_empty_namespace_roots_do_not_accumulate() -> None:
+    """One namespace per request (cache salts): empty roots are dropped as they pile up, and
+    namespaces that hold tokens keep theirs."""
+    tree = RadixTree()
+    tree.insert([1, 2], [1, 2], namespace="kept")
+    for i in range(1000):
+        tree.match_prefix([1, 2], namespace=f"salt-{i}")
+    assert len(tree._roots) <= 2 * 1 + 64 + 1
+    assert tree.match_prefix([1, 2], namespace="kept").slots == [1, 2]
+    tree.insert([5, 6], [5, 6], namespace="salt-999")
+    assert tree.pin([1, 2], namespace="kept") + tree.pin([5, 6], namespace="salt-999") == 4
+    for i in range(1000, 2000):
+        tree.insert([7], [7 + i], namespace=f"salt-{i}")
+        assert tree.evict(1) == [7 + i]  # the pinned "kept" and "salt-999" stay
+    assert len(tree._roots) <= 2 * 2 + 64 + 1
+    assert tree.match_prefix([5, 6], namespace="salt-999").slots == [5, 6]
+    tree.check_invariants()
+
+
 def test_match_stats_count_hits_and_queries() -> None:
     tree = tree_with(([1, 2, 3], [1, 2, 3]))
     tree.match_prefix([1, 2, 3, 4])

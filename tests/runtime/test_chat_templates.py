@@ -88,3 +88,55 @@ def test_chat_template_override_and_stop_in_engine(tiny_llama_dir, tmp_path):
         )
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
     assert out["output_ids"] == [eos] and out["text"] == ""
+
+
+# Gemma 2 refuses a system message; Gemma 3 folds it into the first user turn, so a lone
+# system message renders nothing of it. Neither may stop the engine from starting.
+GEMMA_TURNS = (
+    "{%- for message in loop_messages %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') + "
+    "message['content'] | trim + '<end_of_turn>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+GEMMA2_STYLE = (
+    "{{- bos_token }}{%- if messages[0]['role'] == 'system' %}"
+    "{{- raise_exception('System role not supported') }}{%- endif %}"
+    "{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}" + GEMMA_TURNS
+)
+GEMMA3_STYLE = (
+    "{{- bos_token }}{%- if messages[0]['role'] == 'system' %}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set first_user_prefix = '' %}"
+    "{%- set loop_messages = messages %}{%- endif %}" + GEMMA_TURNS
+)
+BROKEN = "{{ raise_exception('this template renders nothing') }}"
+
+
+@pytest.mark.parametrize("template", [GEMMA2_STYLE, GEMMA3_STYLE], ids=["refuses", "folds"])
+def test_a_template_without_a_system_role_gets_user_and_assistant_markers(tmp_path, template):
+    write_tiny_tokenizer(tmp_path, extra_specials=SPECIALS)
+    tcfg = {"bos_token": "<|im_start|>", "eos_token": "<|endoftext|>", "chat_template": template}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    roles = Tokenizer(tmp_path).chat_roles()
+    assert roles is not None and roles.to_dict() == {
+        "roles": {
+            "user": ["<start_of_turn>user\n", "<end_of_turn>\n"],
+            "assistant": ["<start_of_turn>model\n", "<end_of_turn>\n"],
+        },
+        "default_system_prompt": None,
+        "generation_prompt": "<start_of_turn>model\n",
+    }
+
+
+def test_an_engine_starts_whatever_its_template_raises(tiny_llama_dir, tmp_path):
+    template = tmp_path / "broken.jinja"
+    template.write_text(BROKEN)
+    with Engine(str(tiny_llama_dir), dtype="float32", chat_template=str(template)) as engine:
+        assert engine.get_model_info()["chat_template"] is None
+        out = engine.generate("Paris", {"max_new_tokens": 2, "temperature": 0})
+    assert out["meta_info"]["completion_tokens"] == 2
+    gemma2 = tmp_path / "gemma2.jinja"
+    gemma2.write_text(GEMMA2_STYLE)
+    with Engine(str(tiny_llama_dir), dtype="float32", chat_template=str(gemma2)) as engine:
+        assert set(engine.get_model_info()["chat_template"]["roles"]) == {"user", "assistant"}

@@ -136,9 +136,9 @@ def assert_allowed_prefix(engine: Engine, schema: str, ids: list[int]) -> None:
 
 def test_jump_forward_keeps_greedy_output(schema_corpus, regex_corpus):
     """Greedy text is the same with jump-forward on and off; on forwards fewer times.
-    float64 so that the different step shapes cannot flip a near-tie; six schemas and two
+    float64 so that the different step shapes cannot flip a near-tie; four schemas and two
     regexes keep a float64 run of the built-in model short on CPUs without fast float64."""
-    schemas = engine_schemas(schema_corpus)[:6]
+    schemas = engine_schemas(schema_corpus)[:4]
     texts, steps = {}, {}
     for jf in (True, False):
         with Engine(

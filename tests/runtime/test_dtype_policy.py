@@ -59,7 +59,7 @@ def test_explicit_bfloat16_where_native_is_kept_without_measuring(caplog, monkey
     assert not caplog.records
 
 
-def test_the_measurements_run_on_tiny_sizes():
+def test_the_measurements_run_on_tiny_sizes(real_speed_measurements):
     """The measuring code itself, on a few KB of weights: it returns a verdict, whatever
     the verdict is on this CPU (the decisions are tested with injected verdicts)."""
     from stemma.runtime.dtype_policy import (
@@ -73,6 +73,18 @@ def test_the_measurements_run_on_tiny_sizes():
     assert fp16_weights_win(32, 64, weight_bytes=1 << 16) in (True, False)
 
 
+def test_fp16_weights_never_win_without_fbgemm(real_speed_measurements, monkeypatch):
+    """Where torch has no fbgemm (ARM builds) the float16-weight plan is out without a
+    measurement; the engine list is faked, so this branch runs on x86 too."""
+    import stemma.runtime.dtype_policy as policy
+
+    monkeypatch.setattr(
+        type(torch.backends.quantized), "supported_engines", property(lambda self: ["qnnpack"])
+    )
+    monkeypatch.setattr(policy, "_best_time", lambda fn: pytest.fail("measured"))
+    assert policy.fp16_weights_win(32, 64, weight_bytes=1 << 15) is False
+
+
 def test_explicit_native_dtype_is_kept_without_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="stemma.dtype"):
         choice = resolve_dtype("float64", "cpu")
@@ -80,14 +92,30 @@ def test_explicit_native_dtype_is_kept_without_warning(caplog):
     assert not caplog.records
 
 
-def test_engine_reports_its_resolved_dtype(tiny_llama_dir):
+@pytest.mark.parametrize("plan", ["native", "float32", "small_steps"])
+def test_engine_reports_its_resolved_dtype(tiny_llama_dir, plan, monkeypatch):
+    """Each way dtype "auto" can resolve on a CPU, on any CPU: the capability is faked and
+    the measured verdict injected (bfloat16 without native support runs torch's slower
+    path, on a tiny model)."""
+    import stemma.runtime.dtype_policy as policy
     from stemma.runtime.engine import Engine
 
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: plan == "native")
+    rows = 2 if plan == "small_steps" else 0
+    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda hidden, inter: rows)
+    monkeypatch.setattr(policy, "available_memory_bytes", lambda: 8 << 30)
     with Engine(str(tiny_llama_dir), max_total_tokens=256) as engine:
         info = engine.get_model_info()
         assert info["dtype"] == auto_dtype("cpu").name
+        assert info["dtype"] == ("bfloat16" if plan == "native" else "float32")
         assert info["dtype_reason"].startswith(auto_dtype("cpu").reason)
+        assert ("<= 2 rows use a bfloat16 weight copy" in info["dtype_reason"]) == bool(rows)
         assert engine.runner.kv_pool.k[0].dtype == auto_dtype("cpu").torch_dtype
+        down = engine.runner.model.layers[0].mlp.down_proj
+        assert (getattr(down, "small_weight", None) is not None) == bool(rows)
+        params = {"max_new_tokens": 3, "ignore_eos": True}
+        out = engine.generate(input_ids=[[5, 9, 13]], sampling_params=params)
+        assert len(out[0]["output_ids"]) == 3
 
 
 def test_small_step_copies_serve_only_steps_of_few_rows(tiny_llama_dir):

@@ -5,9 +5,11 @@ requests run normally. Off by default."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from stemma.runtime.constrained import vocabulary
 from stemma.runtime.constrained.vocabulary import CompileError, CompileLimits, IndexCompiler
 from stemma.runtime.engine import Engine
 from stemma.runtime.faults import Faults
@@ -60,13 +62,19 @@ def test_forward_error_fails_the_batch_and_the_engine_goes_on(faulty_engine: Eng
     _all_slots_back(faulty_engine)
 
 
-def test_forward_error_mid_decode_frees_every_slot(faulty_engine: Engine) -> None:
+def test_forward_error_mid_decode_frees_every_slot(faulty_engine: Engine, step_gate) -> None:
+    """The engine is held after the first token until the fault is armed, so the fault
+    fires in the next step whatever this CPU's speed (the 32 tokens cannot finish first)."""
+    gate = step_gate(faulty_engine, free=1)
     stream = faulty_engine.generate("x y z", GREEDY | {"max_new_tokens": 32}, stream=True)
     first = next(stream)
     assert first["meta_info"]["finish_reason"] is None
     faulty_engine.inject_fault("forward_error")
-    last = list(stream)[-1]
-    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    gate.release()
+    chunks = list(stream)
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "injected fault" in chunks[-1]["meta_info"]["finish_reason"]["message"]
+    assert len(chunks[-1]["output_ids"]) == 1  # failed in the step right after the first token
     _all_slots_back(faulty_engine)
 
 
@@ -85,13 +93,20 @@ def test_killed_compile_worker_is_replaced_and_the_compile_retried(smollm_vocab:
         compiler.kill()
 
 
-def test_hung_compile_worker_times_out_and_the_next_compile_works(smollm_vocab: Any) -> None:
+def test_hung_compile_worker_times_out_and_the_next_compile_works(
+    smollm_vocab: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hung worker's timeout passes on a fake clock (no wall-clock wait); the fresh
+    worker's real compile has a limit no machine comes near (it takes milliseconds)."""
+    waited: list[float] = []
+    monkeypatch.setattr(vocabulary, "time", SimpleNamespace(sleep=waited.append))
     faults = Faults(enabled=True)
-    compiler = IndexCompiler(smollm_vocab.to_binary(), CompileLimits(timeout_s=1.0), faults)
+    compiler = IndexCompiler(smollm_vocab.to_binary(), CompileLimits(timeout_s=60.0), faults)
     try:
         faults.arm("compile_hang")
-        with pytest.raises(CompileError, match="longer than the 1 s limit"):
+        with pytest.raises(CompileError, match="longer than the 60 s limit"):
             compiler.compile("(red|green)\\x00")
+        assert waited == [60.0]
         assert compiler.compile("(red|green)\\x00")
     finally:
         compiler.kill()

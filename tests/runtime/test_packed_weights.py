@@ -9,9 +9,12 @@ from stemma.runtime.models.layers import Linear, can_pack_weights
 
 from .test_model_vs_hf import GreedyDriver
 
-pytestmark = pytest.mark.skipif(
+# Packed weights run oneDNN's bfloat16 kernels, which exist only on CPUs with native bfloat16
+# (a kernel, not a decision: it cannot be faked). The tests that need no packed kernel run
+# everywhere, and the one that runs both ways fakes "no packing" to take the plain branch.
+needs_packing = pytest.mark.skipif(
     not can_pack_weights(torch.device("cpu"), torch.bfloat16),
-    reason="this torch build has no oneDNN bfloat16 matmul",
+    reason="oneDNN has no bfloat16 kernels on this CPU (no AVX512-BF16 / AMX)",
 )
 
 PROMPTS = [[5, 9, 13, 21, 8, 2, 40, 41], [7, 7, 30], list(range(10, 60))]
@@ -27,6 +30,7 @@ def _prefill_logits(driver: GreedyDriver) -> torch.Tensor:
     return driver.runner.forward(fb)
 
 
+@needs_packing
 @pytest.mark.parametrize("ckpt_name", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_packed_weights_as_accurate_as_plain_weights(
     ckpt_name: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
@@ -54,6 +58,7 @@ def test_packed_weights_as_accurate_as_plain_weights(
     assert float(err_packed.max()) <= 1.5 * float(err_plain.max())
 
 
+@needs_packing
 def test_packed_greedy_ids_follow_float32_where_the_choice_is_clear(tiny_llama_dir) -> None:
     """Greedy decoding on packed weights picks float32's token wherever float32's top two
     logits are further apart than bf16 rounding moves them (twice the largest error above)."""
@@ -70,12 +75,17 @@ def test_float32_weights_stay_plain(tiny_llama_dir) -> None:
     assert not any(m.is_packed for m in driver.runner.model.modules() if isinstance(m, Linear))
 
 
+@pytest.mark.parametrize("weights", [pytest.param("packed", marks=needs_packing), "plain"])
 def test_plain_greedy_reads_bf16_logits_and_chooses_as_float32(
-    tiny_llama_dir, harness_factory, make_prompts, monkeypatch
+    tiny_llama_dir, harness_factory, make_prompts, monkeypatch, weights
 ) -> None:
     """Plain greedy rows take the argmax of the model's bf16 logits (exact: widening is
-    exact); a row that wants logprobs gets float32 logits. Both choose the same ids."""
+    exact); a row that wants logprobs gets float32 logits. Both choose the same ids. On
+    packed weights, and on plain ones (oneDNN's packing faked away where it exists)."""
     from stemma.runtime.sampling.sampler import Sampler
+
+    if weights == "plain":
+        monkeypatch.setattr(model_runner, "can_pack_weights", lambda device, dtype: False)
 
     seen: list[torch.dtype] = []
     real_sample = Sampler.sample
@@ -89,6 +99,8 @@ def test_plain_greedy_reads_bf16_logits_and_chooses_as_float32(
     outputs = {}
     for mode, extra in [("plain", {}), ("logprobs", {"logprob": {"return_logprob": True}})]:
         h = harness_factory(tiny_llama_dir, dtype="bfloat16", max_total_tokens=1024)
+        linears = [m for m in h.runner.model.modules() if isinstance(m, Linear)]
+        assert all(m.is_packed == (weights == "packed") for m in linears)
         reqs = [h.add(f"{mode}{i}", p, max_new_tokens=6, **extra) for i, p in enumerate(prompts)]
         seen.clear()
         h.run()

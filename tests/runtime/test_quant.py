@@ -33,10 +33,30 @@ def test_matmul_equals_the_dequantized_weight(method, rows):
     torch.testing.assert_close(got, ref, atol=2e-2 * ref.abs().max().item(), rtol=0)
 
 
-def test_w8a8_rounds_activations_per_step_and_weights_per_channel():
+def _fake_quantized_engines(monkeypatch, engines: list[str]) -> None:
+    """torch's list of quantized-kernel libraries, as another CPU's build would have it."""
+    monkeypatch.setattr(
+        type(torch.backends.quantized), "supported_engines", property(lambda self: engines)
+    )
+
+
+def _kernels(name: str):
+    """A quantized-kernel library as a test parameter: skipped only where torch lacks it
+    (x86 builds carry both fbgemm and qnnpack, ARM builds qnnpack only)."""
+    present = name in torch.backends.quantized.supported_engines
+    return pytest.param(name, marks=pytest.mark.skipif(not present, reason=f"no {name} here"))
+
+
+@pytest.mark.parametrize("kernels", [_kernels("fbgemm"), _kernels("qnnpack")])
+def test_w8a8_rounds_activations_per_step_and_weights_per_channel(kernels, monkeypatch):
     """int8 x int8: the result is the dequantized weight times each input row rounded to
     7-bit steps of its own range, so a row of small values keeps its precision beside a
-    row of large ones."""
+    row of large ones. With x86's kernels and with ARM's (qnnpack, also in x86 builds;
+    it rounds to 8 bits, finer than the bound)."""
+    from stemma.runtime.models import quant
+
+    monkeypatch.setattr(torch.backends.quantized, "engine", torch.backends.quantized.engine)
+    monkeypatch.setattr(quant, "quantized_engine", lambda: kernels)
     w = torch.randn(96, 128) * 0.05
     qw = quantize(w, "w8a8_int8")
     weight = dequantize(qw)
@@ -51,6 +71,24 @@ def test_w8a8_rounds_activations_per_step_and_weights_per_channel():
         assert (err > 0).all()  # the activations really are rounded
     x16 = torch.randn(3, 128, dtype=torch.bfloat16)
     assert qw.matmul(x16).dtype == torch.bfloat16
+
+
+def test_quantized_kernel_choice_follows_the_build(monkeypatch):
+    """Which kernels w8a8_int8 and its vocabulary projection use, for each kind of torch
+    build, on any machine (the list of kernel libraries is faked)."""
+    from stemma.runtime.models import quant
+
+    _fake_quantized_engines(monkeypatch, ["qnnpack", "onednn", "x86", "fbgemm"])  # x86
+    assert quant.quantized_engine() == "fbgemm" and quant.fp16_weights_available()
+    assert quant.vocab_quantization("w8a8_int8") == "fp16"
+    _fake_quantized_engines(monkeypatch, ["qnnpack"])  # ARM
+    assert quant.quantized_engine() == "qnnpack" and not quant.fp16_weights_available()
+    assert quant.vocab_quantization("w8a8_int8") == "int8"
+    assert quant.vocab_quantization("int4") == "int8" and quant.vocab_quantization("int8") == "int8"
+    _fake_quantized_engines(monkeypatch, [])  # neither
+    assert quant.quantized_engine() is None
+    with pytest.raises(ValueError, match="w8a8_int8 needs torch's fbgemm"):
+        quantize(torch.randn(8, 32), "w8a8_int8")
 
 
 def test_w8a8_smoothing_tames_outlier_input_channels():
@@ -135,13 +173,30 @@ def snap_to_q4_1(w: torch.Tensor) -> torch.Tensor:
     return (torch.round((groups - lo) / d) * d + lo).reshape(w.shape)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4", "w8a8_int8"])
-def test_quantized_engine_tracks_the_float32_model(tiny_q4_1_dir, make_prompts, method):
+@pytest.mark.parametrize(
+    "method, build",
+    [
+        ("int8", "this"),
+        ("int4", "this"),
+        ("w8a8_int8", "this"),
+        pytest.param("w8a8_int8", "arm", marks=_kernels("qnnpack").marks),
+    ],
+)
+def test_quantized_engine_tracks_the_float32_model(
+    tiny_q4_1_dir, make_prompts, method, build, monkeypatch
+):
     """Teacher-forced on a model stored as Q4_1 (like the built-in one): at each prompt
     position the quantized model's top token is nearly always the float32 model's, and the
     prompt's logprobs stay close. (Random tiny weights have large, near-tied logits, so a
-    few top tokens flip even under int8.)"""
+    few top tokens flip even under int8.) build "arm": w8a8_int8 as an ARM build runs it
+    (qnnpack, and an int8 vocabulary projection for want of fbgemm's float16), on x86 too."""
     from stemma.runtime.engine import Engine
+    from stemma.runtime.models import quant as quant_module
+
+    if build == "arm":
+        monkeypatch.setattr(torch.backends.quantized, "engine", torch.backends.quantized.engine)
+        monkeypatch.setattr(quant_module, "quantized_engine", lambda: "qnnpack")
+        monkeypatch.setattr(quant_module, "fp16_weights_available", lambda: False)
 
     prompts = make_prompts([17, 33, 64, 90], 300, seed=3)
     fields = {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
@@ -155,6 +210,8 @@ def test_quantized_engine_tracks_the_float32_model(tiny_q4_1_dir, make_prompts, 
             if quant:
                 linear = engine.runner.model.layers[0].mlp.down_proj
                 assert linear.weight is None and linear.quant.method == method
+                vocab = engine.runner.model.lm_head.quant.method
+                assert vocab == quant_module.vocab_quantization(method)
         metas = [o["meta_info"] for o in outs]
         tops[quant] = [t[0][1] for m in metas for t in m["input_top_logprobs"][1:]]
         lps[quant] = torch.tensor([t[0] for m in metas for t in m["input_token_logprobs"][1:]])

@@ -1,16 +1,23 @@
 """The engine's features under tensor parallelism: streaming, an abort mid-generation,
 retraction when the KV pool runs out, and jump-forward through a JSON schema and a regex give
 the same ids at tp_size 2 as at tp_size 1 (float64 tiny Llama, 2 KV heads split), with the
-memory invariant checked after every step."""
+memory invariant checked after every step; forged steps are rejected and the store listens on
+its address only."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
+import time
+from datetime import timedelta
 
 import jsonschema
 import pytest
+import torch.distributed as dist
 from stemma.runtime.engine import Engine
+from stemma.runtime.executor.step_message import pack_stop
+from stemma.runtime.executor.tp_auth import seal
 
 from ..conftest import build_tiny_checkpoint
 
@@ -102,3 +109,33 @@ def test_jump_forward_equal_tp1(engines, kind):
     # Forced text rides along as verified drafts: fewer forwards than tokens, on both.
     completion = b["meta_info"]["completion_tokens"]
     assert steps[1] == steps[0] < completion
+
+
+def _wait_for_count(store: dist.TCPStore, key: str, count: int) -> None:
+    """Until the worker has counted `count` rejections (it reads each forged value once)."""
+    deadline = time.monotonic() + 30
+    while store.add(key, 0) < count:
+        assert time.monotonic() < deadline, f"{key} stayed at {store.add(key, 0)}"
+        time.sleep(0.01)
+
+
+def test_forged_steps_are_rejected_and_requests_keep_working(engines, make_prompts):
+    tp1, tp2 = engines
+    client = dist.TCPStore("127.0.0.1", tp2.tp.store.port, timeout=timedelta(seconds=30))
+    key = f"step/{tp2.tp._step + 1}"  # the step rank 1 waits for now
+    client.set(key, pack_stop())  # the bare 40-byte STOP anyone who reaches the port could send
+    _wait_for_count(client, "rejected/1", 1)
+    client.set(key, seal(b"a guess, not the launch secret", key, pack_stop()))
+    _wait_for_count(client, "rejected/1", 2)
+    [prompt] = make_prompts([12], 384, 25)
+    a, b = both(engines, input_ids=prompt, sampling_params=GREEDY | {"max_new_tokens": 8})
+    assert b["output_ids"] == a["output_ids"] and len(b["output_ids"]) == 8
+    assert tp2.unavailable is None and client.add("rejected/1", 0) == 2
+    assert all(p.is_alive() for p in tp2.tp.procs.values())
+
+
+def test_the_store_listens_on_its_address_only(engines):
+    port = engines[1].tp.store.port
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with pytest.raises(ConnectionRefusedError):  # another loopback address, same port
+        socket.create_connection(("127.0.0.2", port), timeout=5)

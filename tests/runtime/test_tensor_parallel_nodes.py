@@ -1,7 +1,8 @@
 """Multi-node tensor parallelism on loopback: two processes play two nodes (tp_size 2, nnodes 2,
 float64 tiny Llama). The engine's node and `stemma serve --node-rank 1` give tp_size 1's
 greedy ids; a killed node fails requests naming its rank; shutting node 0 down makes node 1
-exit 0; a missing node, or one with another model, fails the engine's start naming it."""
+exit 0; a missing node, or one with another model or another secret, fails the engine's start
+naming it. Both nodes share SECRET through STEMMA_DIST_SECRET."""
 
 from __future__ import annotations
 
@@ -17,10 +18,18 @@ import torch
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine, EngineUnavailable
 from stemma.runtime.executor.tensor_parallel import TensorParallel
+from stemma.runtime.executor.tp_auth import SECRET_ENV
 
 from .test_tensor_parallel import OPTS, _gone
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+SECRET = "0123456789abcdef-two-node-test"
+
+
+@pytest.fixture(autouse=True)
+def shared_secret(monkeypatch):
+    """Node 0 (this process) reads the group's secret from the environment, as node 1 does."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
 
 
 def free_addr() -> str:
@@ -29,12 +38,12 @@ def free_addr() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def start_node(model: Path, addr: str, tp_size: int = 2) -> subprocess.Popen:
+def start_node(model: Path, addr: str, tp_size: int = 2, secret: str = SECRET) -> subprocess.Popen:
     """`stemma serve` as node 1 of 2: the upper half of tp_size ranks."""
     cmd = [sys.executable, "-m", "stemma", "serve", "--model", str(model),
            "--tp-size", str(tp_size), "--nnodes", "2", "--node-rank", "1",
            "--dist-init-addr", addr, "--log-level", "warning"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", SECRET_ENV: secret}
     return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -137,6 +146,24 @@ def test_node_with_another_model_fails_the_start(tiny_llama_dir, tiny_qwen2_dir)
     finally:
         node.kill()
         node.wait()
+
+
+def test_node_with_another_secret_fails_the_start(tiny_llama_dir):
+    addr = free_addr()
+    node = start_node(tiny_llama_dir, addr, secret="another secret, 16+ bytes long")
+    try:
+        with pytest.raises(RuntimeError, match="rank 1 failed to connect: node 1's secret is not"):
+            Engine(str(tiny_llama_dir), tp_size=2, nnodes=2, dist_init_addr=addr, **OPTS)
+        assert node.wait(10) != 0
+    finally:
+        node.kill()
+        node.wait()
+
+
+def test_several_nodes_need_a_secret(monkeypatch, tiny_llama_dir):
+    monkeypatch.delenv(SECRET_ENV)
+    with pytest.raises(ValueError, match="nnodes=2 needs one secret on every node"):
+        Engine(str(tiny_llama_dir), tp_size=2, nnodes=2, dist_init_addr=free_addr(), **OPTS)
 
 
 def test_node_options_are_checked():

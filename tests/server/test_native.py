@@ -122,12 +122,16 @@ def test_flush_cache_empties_the_prefix_cache(client, server, idle_metrics):
     body = {"input_ids": list(range(100, 130)), "sampling_params": {"max_new_tokens": 1}}
     client.post("/generate", json=body)
     idle_metrics(server.engine)
-    assert client.post("/flush_cache").status_code == 200
-    assert client.get("/flush_cache").json()["success"] is True
+    assert client.post("/flush_cache").json()["success"] is True
+    get = client.get("/flush_cache")  # state changes only by POST
+    assert get.status_code == 405 and "Method Not Allowed" in get.json()["error"]["message"]
     assert client.post("/generate", json=body).json()["meta_info"]["cached_tokens"] == 0
 
 
-def test_abort_request_ends_a_stream_with_an_error_event(client, server, idle_metrics):
+def test_abort_request_ends_a_stream_with_an_error_event(client, server, idle_metrics, step_gate):
+    """The engine is held after the first token until the abort is sent, so the request
+    cannot run to its 400 tokens first on a fast CPU: one more step, then the abort."""
+    gate = step_gate(server.engine, free=1)  # the prefill: the first token
     body = {
         "text": "The lazy dog",
         "rid": "abort-me",
@@ -142,10 +146,11 @@ def test_abort_request_ends_a_stream_with_an_error_event(client, server, idle_me
                 if len(lines) == 1:
                     aborted = client.post("/abort_request", json={"rid": "abort-me"})
                     assert aborted.json()["aborted"] == ["abort-me"]
+                    gate.release()
     assert lines[-1] == "[DONE]"
     error = json.loads(lines[-2])["error"]
     assert "abort" in error["message"]
-    assert len(lines) < 400
+    assert len(lines) <= 4  # two tokens at most (the held step's), the error, [DONE]
     assert idle_metrics(server.engine)["num_running"] == 0
 
 

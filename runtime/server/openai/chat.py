@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from ...config import EngineConfig
 from ..errors import APIError
 from ..native import check_constraints, check_json_schema
 from ..state import ServerState
@@ -16,12 +17,12 @@ from .protocol import ChatCompletionRequest, ChatMessage, SamplingFields
 from .tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_prompt
 
 
-def grammar_extras(body: SamplingFields) -> dict[str, Any]:
-    """stemma's regex / json_schema extras, checked."""
+def grammar_extras(body: SamplingFields, limits: EngineConfig) -> dict[str, Any]:
+    """stemma's regex / json_schema extras, checked (off the event loop: it builds them)."""
     grammar = {
         k: v for k, v in (("regex", body.regex), ("json_schema", body.json_schema)) if v is not None
     }
-    check_constraints(grammar, "")
+    check_constraints(grammar, limits, "")
     return grammar
 
 
@@ -38,7 +39,10 @@ def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
                 f"messages[{i}]: only assistant messages carry tool_calls",
                 f"messages.{i}.tool_calls",
             )
-        calls = render_tool_calls([c.model_dump() for c in m.tool_calls])
+        try:
+            calls = render_tool_calls([c.model_dump() for c in m.tool_calls])
+        except ValueError as e:
+            raise APIError(400, f"messages[{i}]: {e}", f"messages.{i}.tool_calls") from None
         content = f"{content}\n{calls}" if content else calls
     if content is None:
         raise APIError(400, f"messages[{i}] ({m.role}) has no content", f"messages.{i}.content")
@@ -68,10 +72,12 @@ def chat_prompt(state: ServerState, body: ChatCompletionRequest, plan: ToolPlan)
     return state.tokenize_prompt(text, "messages")
 
 
-def chat_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
+def chat_grammar(
+    body: ChatCompletionRequest, plan: ToolPlan, limits: EngineConfig
+) -> dict[str, Any]:
     """At most one constraint: the regex / json_schema extras, response_format, or the
-    schema of a forced tool call."""
-    grammar = grammar_extras(body)
+    schema of a forced tool call (each checked: call it off the event loop)."""
+    grammar = grammar_extras(body, limits)
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         if grammar:
@@ -95,7 +101,7 @@ def chat_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
                 else {"type": "object"}
             )
         )
-        check_constraints({"json_schema": schema}, "response_format.")
+        check_constraints({"json_schema": schema}, limits, "response_format.")
         grammar = {"json_schema": schema}
     if plan.mode == "forced":
         if grammar:
@@ -107,8 +113,9 @@ def chat_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
             )
         for i, tool in enumerate(plan.tools):
             if tool.function.parameters is not None:
-                check_json_schema(tool.function.parameters, f"tools[{i}].function.parameters")
-        grammar = {"json_schema": tool_call_schema(plan)}
+                param = f"tools[{i}].function.parameters"
+                check_json_schema(tool.function.parameters, param, limits)
+        grammar = {"json_schema": tool_call_schema(plan)}  # its bounds: the engine's parser
     return grammar
 
 

@@ -8,6 +8,7 @@ prompts and constraints are built in openai/chat.py; tool calls follow openai/to
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -113,6 +114,7 @@ def _engine_request(
         "sampling_params": params,
         "rid": rids,
         "stream": body.stream,
+        "cache_salt": body.cache_salt,
         **logprobs,
     }
     return req, rids
@@ -177,7 +179,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     }
     spec = _stream_spec("text_completion", "cmpl", state, body)
     limit = (body.max_tokens, "max_tokens")
-    req, rids = _engine_request(state, body, ids, limit, grammar_extras(body), logprobs, spec.id)
+    extras = await asyncio.to_thread(grammar_extras, body, state.engine.config)
+    req, rids = _engine_request(state, body, ids, limit, extras, logprobs, spec.id)
     echoes = [texts[k // body.n] if body.echo else None for k in range(len(rids))]
     job = _Job(
         req,
@@ -209,7 +212,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         "return_text_in_logprobs": True,
     }
     spec = _stream_spec("chat.completion.chunk", "chatcmpl", state, body)
-    grammar = chat_grammar(body, plan)
+    grammar = await asyncio.to_thread(chat_grammar, body, plan, state.engine.config)
     req, rids = _engine_request(
         state, body, [ids], chat_max_tokens(body), grammar, logprobs, spec.id
     )

@@ -147,7 +147,8 @@ def could_become_tool_call(text: str) -> bool:
 
 
 def render_tool_calls(calls: list[dict[str, Any]]) -> str:
-    """An assistant message's tool_calls as the text the model was asked to write."""
+    """An assistant message's tool_calls as the text the model was asked to write;
+    ValueError for arguments nested past what Python's JSON reader takes."""
     rendered = []
     for call in calls:
         fn = call["function"]
@@ -155,5 +156,10 @@ def render_tool_calls(calls: list[dict[str, Any]]) -> str:
             args: Any = json.loads(fn["arguments"])
         except json.JSONDecodeError:
             args = fn["arguments"]
+        except RecursionError:
+            raise ValueError(f"the arguments of tool call {fn['name']!r} nest too deeply") from None
         rendered.append({"name": fn["name"], "arguments": args})
-    return json.dumps(rendered[0] if len(rendered) == 1 else rendered, ensure_ascii=False)
+    try:
+        return json.dumps(rendered[0] if len(rendered) == 1 else rendered, ensure_ascii=False)
+    except RecursionError:
+        raise ValueError("the tool calls' arguments nest too deeply") from None
