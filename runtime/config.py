@@ -33,8 +33,10 @@ class EngineConfig:
     max_top_logprobs: int = 20  # top_logprobs_num (vLLM's max_logprobs)
     max_stop_strings: int = 32  # stop strings and stop regexes together
     max_stop_chars: int = 1024  # characters in one stop string or stop regex
+    max_stop_regex_states: int = 4096  # a request's stop regexes' automaton states, together
     max_prompt_chars: int = 1 << 20  # characters of one text prompt, before tokenizing
     max_constraint_chars: int = 1 << 16  # characters of a regex / json_schema / ebnf
+    max_queued_requests: int = 4096  # waiting requests; past it a new request is refused (429)
     max_schema_depth: int = 64  # nesting of a json_schema document (objects and lists)
     max_schema_regex_chars: int = 1 << 19  # a json_schema's regex, estimated before building
     schedule_policy: str = "lpm"  # lpm (longest prefix match) | fcfs
@@ -83,8 +85,10 @@ class EngineConfig:
             "max_request_items",
             "max_stop_strings",
             "max_stop_chars",
+            "max_stop_regex_states",
             "max_prompt_chars",
             "max_constraint_chars",
+            "max_queued_requests",
             "max_schema_depth",
             "max_schema_regex_chars",
         )

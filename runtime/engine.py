@@ -20,7 +20,7 @@ from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .dtype_policy import plan_small_steps, resolve_dtype
-from .engine_state import EngineMetrics, EngineUnavailable, Handle
+from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueGate
 from .executor.model_runner import ModelRunner
 from .executor.tensor_parallel import TensorParallel, WorkerLost
 from .faults import Faults
@@ -32,6 +32,7 @@ from .sampling.sampler import Sampler, SamplingState
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.req import FinishReason, Req
 from .scheduler.scheduler import Scheduler
+from .scheduler.stop import StopSpec, compile_stops
 from .tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("stemma.engine")
@@ -100,6 +101,7 @@ class Engine:
         self.check_invariants = False  # tests turn this on: check_memory() after every step
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._handles: dict[str, Handle] = {}
+        self._gate = QueueGate()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="stemma-engine", daemon=True)
         self._thread.start()
@@ -206,9 +208,12 @@ class Engine:
             raise EngineUnavailable(f"{self.unavailable}; the engine accepts no new requests")
         d = {"text": text, "input_ids": input_ids, "sampling_params": sampling_params, **fields}
         request = GenerateRequest.from_dict(d, self.config)
-        return request, [self._make_req(item) for item in request.items]
+        cfg, items = self.config, request.items
+        self._gate.check(len(self.scheduler.waiting), len(items), cfg.max_queued_requests)
+        stops = compile_stops([item.params for item in items], cfg.max_stop_regex_states)
+        return request, [self._make_req(item, stop) for item, stop in zip(items, stops)]
 
-    def _make_req(self, item) -> Req:
+    def _make_req(self, item, stop: StopSpec | None) -> Req:
         ids = item.input_ids if item.input_ids is not None else self.tokenizer.encode(item.text)
         runner = self.runner
         check_prompt(item, ids, runner.context_len, runner.allocator.capacity, self.vocab_size)
@@ -216,10 +221,12 @@ class Engine:
         p.check_vocab(self.vocab_size)
         state = SamplingState.create(p, ids, self.vocab_size)
         req = Req(item.rid, list(ids), p, state, item.logprob, namespace=item.namespace)
+        req.stop = stop.matcher(self.tokenizer) if stop is not None else None
         req.grammar_handle = self.constraints.submit(p)
         return req
 
     def _submit(self, request: GenerateRequest, reqs: list[Req], sink: Callable) -> None:
+        self._gate.moved(len(reqs))
         self._inbox.put(AddRequests(request, reqs, sink))
 
     def _collect(self, request: GenerateRequest, events: Iterator[Event]):
@@ -234,7 +241,7 @@ class Engine:
         return results if request.is_batch else results[0]
 
     def _stream_sync(self, request, reqs) -> Iterator[dict[str, Any]]:
-        events: queue.SimpleQueue = queue.SimpleQueue()
+        events = EventBuffer()
         self._submit(request, reqs, events.put)
         remaining = len(reqs)
         try:
@@ -248,13 +255,12 @@ class Engine:
                     self.abort(r.rid, "the client stopped reading the stream")
 
     async def _events_async(self, request, reqs) -> AsyncIterator[Event]:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        self._submit(request, reqs, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        events = EventBuffer(asyncio.get_running_loop())
+        self._submit(request, reqs, events.put)
         remaining = len(reqs)
         try:
             while remaining:
-                ev = await events.get()
+                ev = await events.get_async()
                 remaining -= ev[2]
                 yield ev
         finally:
@@ -315,23 +321,36 @@ class Engine:
             self._apply(cmd)
 
     def _drain_inbox(self, block: bool) -> bool:
-        """Apply queued commands; False once asked to stop."""
+        """Apply queued commands; False once asked to stop. Consecutive aborts are applied
+        together, in one pass over the queues (a disconnect may abort a whole batch)."""
         try:
             cmd = self._inbox.get(timeout=None) if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
+        aborts: dict[str, str] = {}
         while True:
-            if isinstance(cmd, Stop):
-                return False
-            self._apply(cmd)
+            if isinstance(cmd, AbortRequest):
+                aborts.setdefault(cmd.rid, cmd.message)
+            else:
+                self._abort_many(aborts)  # before the next command: the order stands
+                aborts = {}
+                if isinstance(cmd, Stop):
+                    return False
+                self._apply(cmd)
             try:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
+                self._abort_many(aborts)
                 return True
+
+    def _abort_many(self, messages: dict[str, str]) -> None:
+        if messages:
+            self._emit(self.scheduler.abort_many(messages))
 
     def _apply(self, cmd: Command) -> None:
         if isinstance(cmd, AddRequests):
             request, reqs, sink = cmd.request, cmd.reqs, cmd.sink
+            self._gate.moved(-len(reqs))
             for idx, req in enumerate(reqs):
                 refused = self.unavailable or f"duplicate rid {req.rid!r}"
                 if self.unavailable or req.rid in self._handles:
@@ -341,7 +360,7 @@ class Engine:
                 detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
                 stream = StreamText(detok) if request.stream else None
                 self._handles[req.rid] = Handle(idx, sink, stream)
-                self.scheduler.waiting.append(req)
+                self.scheduler.add(req)
                 self.metrics.on_arrival(req)
         elif isinstance(cmd, AbortRequest):
             req = self.scheduler.abort(cmd.rid, cmd.message)
@@ -400,5 +419,5 @@ class Engine:
         return [r for r in (self.scheduler.abort(r.rid, message) for r in reqs) if r is not None]
 
     def _abort_all(self, message: str) -> None:
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._emit([r for r in [self.scheduler.abort(req.rid, message)] if r is not None])
+        queues = list(self.scheduler.running) + list(self.scheduler.waiting)
+        self._abort_many({req.rid: message for req in queues})

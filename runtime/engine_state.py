@@ -1,13 +1,17 @@
-"""Engine-side bookkeeping: where each request's outputs go, and the engine's metrics."""
+"""Engine-side bookkeeping: where each request's outputs go (a Handle, and for a caller's
+events an EventBuffer that stays bounded however slowly the caller reads), and the metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .inbox import Event
 from .response import StreamText
 from .scheduler.req import Req
 
@@ -22,10 +26,108 @@ class EngineUnavailable(RuntimeError):
     """The engine cannot serve any more requests (a tensor-parallel rank was lost)."""
 
 
+class QueueFull(RuntimeError):
+    """More requests are waiting than max_queued_requests allows; the caller may retry."""
+
+
+class QueueGate:
+    """Refuses, on the caller's thread, a request that would queue past max_queued_requests:
+    it counts what was submitted but not yet put in the scheduler's waiting queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.num_in_inbox = 0
+
+    def check(self, num_waiting: int, num_new: int, limit: int) -> None:
+        queued = self.num_in_inbox + num_waiting
+        if queued + num_new > limit:
+            raise QueueFull(
+                f"{queued} requests are queued and this one adds {num_new}; the limit is "
+                f"{limit} (--max-queued-requests); retry later"
+            )
+
+    def moved(self, num: int) -> None:
+        """num requests entered the inbox (> 0) or left it for the waiting queue (< 0)."""
+        with self._lock:
+            self.num_in_inbox += num
+
+
+class EventBuffer:
+    """One call's events, from the engine thread (put) to its caller (get / get_nowait).
+
+    Every final event is kept, in order. A progress event carries the request's cumulative
+    text and ids, so it replaces that request's progress event the caller has not taken yet,
+    and a final event drops it. However slowly the caller reads, the buffer holds at most two
+    events per request. An async caller passes its loop: a put that makes the buffer non-empty
+    wakes it (once per such change, not once per event).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._ready = threading.Condition(threading.Lock())
+        self._cells: deque[list[Event | None]] = deque()  # [event]; [None] once superseded
+        self._progress: dict[int, list[Event | None]] = {}  # item index -> its queued cell
+        self._loop = loop
+        self._async_ready = asyncio.Event()
+        self.num_coalesced = 0
+
+    def __len__(self) -> int:
+        with self._ready:
+            return sum(cell[0] is not None for cell in self._cells)
+
+    def put(self, event: Event) -> None:
+        idx, _, is_final = event
+        with self._ready:
+            was_empty = not self._cells
+            queued = self._progress.pop(idx, None)
+            if queued is not None:
+                self.num_coalesced += 1
+                if not is_final:
+                    queued[0] = event
+                    self._progress[idx] = queued
+                    return
+                queued[0] = None
+            cell: list[Event | None] = [event]
+            self._cells.append(cell)
+            if not is_final:
+                self._progress[idx] = cell
+            self._ready.notify()
+        if was_empty and self._loop is not None:  # RuntimeError once the loop is closed
+            self._loop.call_soon_threadsafe(self._async_ready.set)
+
+    def get_nowait(self) -> Event | None:
+        with self._ready:
+            return self._pop()
+
+    def get(self) -> Event:
+        """The next event, waiting for one."""
+        with self._ready:
+            while (event := self._pop()) is None:
+                self._ready.wait()
+            return event
+
+    async def get_async(self) -> Event:
+        """The next event, awaiting one (the buffer was made with the running loop)."""
+        while (event := self.get_nowait()) is None:
+            self._async_ready.clear()  # no await since the get: a put now sets it again
+            if (event := self.get_nowait()) is not None:
+                return event
+            await self._async_ready.wait()
+        return event
+
+    def _pop(self) -> Event | None:
+        while self._cells:
+            cell = self._cells.popleft()
+            if (event := cell[0]) is not None:
+                if self._progress.get(event[0]) is cell:
+                    del self._progress[event[0]]
+                return event
+        return None
+
+
 @dataclass(slots=True)
 class Handle:
     index: int  # the item's position in its request (batch order)
-    sink: Callable[[tuple[int, dict[str, Any], bool]], None]
+    sink: Callable[[Event], None]
     stream: StreamText | None
 
 

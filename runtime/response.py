@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .scheduler.req import Req
+from .scheduler.stop import StopPrefixes
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -21,25 +22,17 @@ class StreamText:
     detok: IncrementalDetokenizer
     text: str = ""
     num_ids: int = 0
+    held: StopPrefixes | None = None  # what of the text a stop string may be starting
 
     def update(self, req: Req) -> str:
         new = req.output_ids[self.num_ids :]
         self.num_ids = len(req.output_ids)
         self.text += self.detok.push(new)
-        return _hold_back_stop_prefix(self.text, req.params.stop or [])
-
-
-def _hold_back_stop_prefix(text: str, stops: list[str]) -> str:
-    cut = len(text)
-    for s in stops:
-        idx = text.find(s)
-        if idx >= 0:
-            cut = min(cut, idx)
-        for k in range(min(len(s) - 1, len(text)), 0, -1):  # a stop string may be starting
-            if text.endswith(s[:k]):
-                cut = min(cut, len(text) - k)
-                break
-    return text[:cut]
+        if not req.params.stop:
+            return self.text
+        if self.held is None:
+            self.held = StopPrefixes(req.params.stop)
+        return self.text[: self.held.shown(self.text)]
 
 
 def final_text(tokenizer: Tokenizer, req: Req) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from ..tokenizer import Tokenizer
 from .batch import ScheduledBatch
 from .draft import accept_into_grammar, drop_draft, make_draft
 from .req import FinishReason, Req
+from .stop import StopMatcher, StopSpec
 
 log = logging.getLogger("stemma.outputs")
 
@@ -227,16 +227,9 @@ class OutputProcessor:
             return FinishReason("stop", matched=last)
         if p.stop_token_ids and last in p.stop_token_ids:
             return FinishReason("stop", matched=last)
-        if p.stop:
-            tail = self.tail_text(req)
-            for s in p.stop:
-                if s in tail:
-                    return FinishReason("stop", matched=s)
-        if p.stop_regex:
-            text = self.tokenizer.decode(req.output_ids, p.skip_special_tokens)
-            for pattern in p.stop_regex:
-                if m := re.search(pattern, text):
-                    return FinishReason("stop", matched=m.group(0))
+        if p.stop or p.stop_regex:
+            if (matched := self.stop_matcher(req).feed(req.output_ids)) is not None:
+                return FinishReason("stop", matched=matched)
         if len(req.output_ids) >= p.max_new_tokens:
             return FinishReason("length", length=p.max_new_tokens)
         # The verified sequence: during verification rounds the draft still holds tokens
@@ -245,11 +238,14 @@ class OutputProcessor:
             return FinishReason("length", length=len(req.output_ids))
         return None
 
-    def tail_text(self, req: Req) -> str:
-        """Enough decoded output to see any stop string that ends at the newest token."""
-        longest = max(len(s) for s in req.params.stop)
-        ids = req.output_ids[-(longest + 2) :]
-        return self.tokenizer.decode(ids, req.params.skip_special_tokens)
+    def stop_matcher(self, req: Req) -> StopMatcher:
+        """The request's matcher; the engine builds it at parse time (refusing a stop regex
+        with no linear-time automaton), requests built without the engine get one here."""
+        if req.stop is None:
+            spec = StopSpec.compile(req.params)
+            assert spec is not None, "only requests with stops have a matcher"
+            req.stop = spec.matcher(self.tokenizer)
+        return req.stop
 
 
 @contextlib.contextmanager

@@ -1,5 +1,7 @@
 """Which waiting requests go first: longest cached prefix first (cache-aware, the SGLang
 paper's policy), falling back to arrival order when the queue is too long to rank cheaply.
+A step looks at no more than MAX_RANKED_QUEUE of them (the queue is kept in arrival order),
+so its cost does not grow with the queue.
 Also defers a request whose uncached prefix another request admitted this round will compute.
 """
 
@@ -19,7 +21,7 @@ class SchedulePolicy:
 
     def order(self, waiting: list[Req]) -> list[Req]:
         if self.policy == "fcfs" or self.tree is None or len(waiting) > MAX_RANKED_QUEUE:
-            return sorted(waiting, key=lambda r: r.arrival_time)
+            return waiting[:MAX_RANKED_QUEUE]  # the oldest: `waiting` is in arrival order
         hits = {
             r.rid: len(self.tree.match_prefix(r.fill_ids, r.namespace, count_stats=False).slots)
             for r in waiting

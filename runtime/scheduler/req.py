@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ...radix import RadixNode
     from ..constrained.matcher import Matcher
     from ..constrained.service import GrammarHandle
+    from .stop import StopMatcher
 
 FinishKind = Literal["stop", "length", "abort"]
 
@@ -68,6 +69,7 @@ class Req:
     grammar: Matcher | None = None  # its matcher, once compiled
     draft: list[int] = field(default_factory=list)  # forced by the constraint, not yet verified
     num_forced_tokens: int = 0  # verified draft tokens (they needed no forward of their own)
+    stop: StopMatcher | None = None  # its stop strings and regexes over the decoded output
 
     # Logprobs gathered so far: (logprob, token_id) and per-position top lists.
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..engine import EngineUnavailable
+from ..engine_state import QueueFull
 
 log = logging.getLogger("stemma.server")
 
@@ -27,6 +28,7 @@ _TYPES = {
     404: "not_found_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     503: "service_unavailable",
 }
 
@@ -167,4 +169,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(503, str(exc))  # refused (a lost tensor-parallel rank), not a crash
 
     app.add_exception_handler(EngineUnavailable, on_unavailable)
+
+    async def on_queue_full(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(429, str(exc), code="max_queued_requests")
+
+    app.add_exception_handler(QueueFull, on_queue_full)
     app.add_exception_handler(Exception, on_crash)

@@ -121,6 +121,19 @@ def _engine_request(
 
 
 # ---- /v1/completions --------------------------------------------------------------------------
+def _check_num_prompts(state: ServerState, prompt: Any, n: int) -> None:
+    """Prompts x n within max_request_items, before any prompt is tokenized."""
+    is_batch = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+    num, limit = (len(prompt) if is_batch else 1) * n, state.engine.config.max_request_items
+    if num > limit:
+        raise APIError(
+            400,
+            f"the request asks for {num} generations (prompts x n); the limit is {limit} "
+            "(--max-request-items)",
+            "prompt",
+        )
+
+
 def _completion_prompts(state: ServerState, prompt: Any) -> tuple[list[list[int]], list[str]]:
     """Token ids and text of each prompt."""
     items = (
@@ -155,6 +168,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise APIError(400, "suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(400, "best_of is only supported equal to n", "best_of")
+    _check_num_prompts(state, body.prompt, body.n)
     ids, texts = _completion_prompts(state, body.prompt)
     top_n = body.logprobs
     logprobs = {
