@@ -5,14 +5,13 @@ scheduler thread; the scheduler admits the request once its grammar is ready.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..faults import Faults
 from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer
-from .service import GrammarHandle, GrammarService
-from .spec import ConstraintSpec, resolve
+from .backend import GrammarBackend, GrammarHandleLike, check_backend, check_spec, create_backend
+from .spec import ConstraintSpec
 from .vocabulary import CompileLimits
 
 
@@ -23,25 +22,28 @@ class Constraints:
         cache_dir: Path | None,
         limits: CompileLimits,
         faults: Faults | None = None,
+        backend: str = "outlines",
     ):
+        self.backend = check_backend(backend)  # backend.py: outlines | llguidance
         self.tokenizer = tokenizer
         self.faults = faults
         self.cache_dir = cache_dir
         self.limits = limits
-        self._service: GrammarService | None = None
+        self._service: GrammarBackend | None = None
 
     @property
-    def service(self) -> GrammarService:
+    def service(self) -> GrammarBackend:
         if self._service is None:  # the vocabulary costs a second; build it on first use
-            from .vocabulary import Vocabulary
-
-            vocab = Vocabulary.from_tokenizer(self.tokenizer)
-            self._service = GrammarService(
-                vocab, cache_dir=self.cache_dir, limits=self.limits, faults=self.faults
+            self._service = create_backend(
+                self.backend,
+                self.tokenizer,
+                cache_dir=self.cache_dir,
+                limits=self.limits,
+                faults=self.faults,
             )
         return self._service
 
-    def submit(self, params: SamplingParams) -> GrammarHandle | None:
+    def submit(self, params: SamplingParams) -> GrammarHandleLike | None:
         """Start compiling params' constraint; None if it has none. ValueError on bad input."""
         if params.ebnf is not None or params.structural_tag is not None:
             raise ValueError(
@@ -50,11 +52,7 @@ class Constraints:
         if params.regex is None and params.json_schema is None:
             return None
         spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema)
-        regex = resolve(spec).regex  # unsupported features and schema keywords, by name
-        try:
-            re.compile(regex)
-        except re.error as err:
-            raise ValueError(f"invalid regex: {err}") from err
+        check_spec(self.backend, spec)  # unsupported features and schema keywords, by name
         return self.service.submit(spec)
 
     def close(self) -> None:
