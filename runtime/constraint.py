@@ -10,8 +10,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .constrained.backend import GrammarBackend, GrammarMatcher, check_backend, create_backend
-from .constrained.backend import check_spec
+from .constrained.backend import (
+    GrammarBackend,
+    GrammarMatcher,
+    check_backend,
+    check_spec,
+    create_backend,
+)
 from .constrained.spec import ConstraintSpec
 from .constrained.vocabulary import CompileLimits
 from .tokenizer import Tokenizer

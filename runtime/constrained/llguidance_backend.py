@@ -87,9 +87,10 @@ class LLGuidanceMatcher:
     def error(self) -> str | None:
         """Set when the grammar failed mid-way (e.g. a step ran out of llguidance's fuel)."""
         if self._m.is_error():
-            return f"constraint failed after {self.num_accepted} tokens: " + (
-                self._m.get_error().strip().splitlines() or ["unknown error"]
-            )[0]
+            return (
+                f"constraint failed after {self.num_accepted} tokens: "
+                + (self._m.get_error().strip().splitlines() or ["unknown error"])[0]
+            )
         return None
 
     def allows(self, token_id: int) -> bool:

@@ -19,7 +19,9 @@ from ...lang.constraints import choices_regex
 DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 # Object members whose keys are property names, not keywords; their values are subschemas.
-_NAMED_SUBSCHEMAS = frozenset("properties patternProperties $defs definitions dependentSchemas".split())
+_NAMED_SUBSCHEMAS = frozenset(
+    "properties patternProperties $defs definitions dependentSchemas".split()
+)
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 

@@ -1,0 +1,204 @@
+"""The llguidance backend: masks agree with the outlines backend (llguidance keeps only the
+canonical token where bytes are forced), JSON Schema semantics (open objects, $ref, anyOf,
+bounds), refusals named by keyword and schema path, jump-forward and rollback, and the public
+stemma.Constraint over both backends."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import stemma
+from stemma.runtime.constrained.backend import check_spec
+from stemma.runtime.constrained.llguidance_backend import LLGuidanceMatcher, LLGuidanceService
+from stemma.runtime.constrained.spec import ConstraintSpec
+
+
+@pytest.fixture(scope="module")
+def ll_service(smollm_tokenizer: Any) -> Iterator[LLGuidanceService]:
+    service = LLGuidanceService(smollm_tokenizer)
+    yield service
+    service.close()
+
+
+def _matcher(service: Any, spec: ConstraintSpec | str) -> Any:
+    handle = service.submit(spec)
+    assert handle.wait(60) and handle.error is None, handle.error
+    return handle.matcher()
+
+
+def _allowed(matcher: Any, vocab_size: int) -> set[int]:
+    row = np.empty((vocab_size + 31) // 32, dtype=np.int32)
+    matcher.fill_mask(row)
+    return set(np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist())
+
+
+TOOL = {
+    "type": "object",
+    "properties": {"name": {"const": "get_weather"}, "days": {"type": "integer"}},
+    "required": ["name", "days"],
+    "additionalProperties": False,
+}
+AGREE = [
+    (ConstraintSpec(regex="(yes|no)"), "no"),
+    (ConstraintSpec(regex=r"[0-9]{4}-(0[1-9]|1[0-2])"), "2024-05"),
+    (ConstraintSpec(regex="#[0-9a-fA-F]{6}"), "#a0B1c2"),
+    (ConstraintSpec.create(json_schema=TOOL), '{"name":"get_weather","days":12}'),
+    (
+        ConstraintSpec.create(json_schema={"type": "array", "items": {"type": "integer"}}),
+        "[1,-20,300]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "text"), AGREE, ids=[t for _, t in AGREE])
+def test_masks_agree_with_outlines(
+    spec: ConstraintSpec, text: str, ll_service: Any, grammar_service: Any, smollm_tokenizer: Any
+) -> None:
+    """Where no byte is forced the masks are equal; where one is, llguidance allows only the
+    canonical token, a subset of what outlines allows. EOS agrees everywhere."""
+    vocab_size = smollm_tokenizer.vocab_size
+    ll, oc = _matcher(ll_service, spec), _matcher(grammar_service, spec)
+    num_free = 0
+    for token_id in [*smollm_tokenizer.encode(text), None]:
+        ll_ids, oc_ids = _allowed(ll, vocab_size), _allowed(oc, vocab_size)
+        assert ll_ids <= oc_ids
+        if not ll._m.compute_ff_bytes():
+            assert ll_ids == oc_ids
+            num_free += 1
+        assert ll.is_final() == oc.is_final()
+        if token_id is not None:
+            assert token_id in ll_ids
+            ll.accept_token(token_id)
+            oc.accept_token(token_id)
+    assert ll.is_final() and num_free >= 2
+
+
+SEMANTICS = [  # (schema, accepted instances, rejected instances)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, [{"a": 1, "b": "x"}], []),
+    (
+        {"properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+        [{"a": 1}, {}],
+        [{"a": 1, "b": 2}],
+    ),
+    (
+        {"type": "object", "additionalProperties": {"type": "integer"}},
+        [{"k": 2}],
+        [{"k": "x"}],
+    ),
+    (
+        {"$defs": {"pos": {"type": "integer", "minimum": 1}}, "$ref": "#/$defs/pos"},
+        [1, 7],
+        [0, -3],
+    ),
+    ({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}]}, ["ab", None], ["abc"]),
+    ({"allOf": [{"type": "integer"}, {"maximum": 5}]}, [5], [6, 1.5]),
+    ({"enum": ["a", 1, None]}, ["a", 1, None], ["b", 2]),
+    ({"const": {"k": [1, 2]}}, [{"k": [1, 2]}], [{"k": [1]}]),
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, [0.5, 1], [0, 1.5]),
+    ({"type": "string", "pattern": "^[a-z]+[0-9]$"}, ["ab1"], ["ab", "1"]),
+    ({"type": "string", "format": "date"}, ["2024-02-29"], ["2024-13-01", "x"]),
+    ({"type": "array", "minItems": 2, "maxItems": 3}, [[1, "a"]], [[1], [1, 2, 3, 4]]),
+]
+
+
+@pytest.mark.parametrize(("schema", "good", "bad"), SEMANTICS, ids=lambda x: json.dumps(x)[:40])
+def test_json_schema_semantics(schema: Any, good: list[Any], bad: list[Any]) -> None:
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    for value in good:
+        assert c.accepts(json.dumps(value, separators=(",", ":"))), value
+    for value in bad:
+        assert not c.accepts(json.dumps(value, separators=(",", ":"))), value
+
+
+REFUSED = [
+    (
+        {"properties": {"x": {"items": {"uniqueItems": True}}}},
+        "uniqueItems",
+        "#/properties/x/items",
+    ),
+    (
+        {"$defs": {"d": {"format": "iri"}}, "properties": {"u": {"$ref": "#/$defs/d"}}},
+        "format",
+        "#/$defs/d",
+    ),
+    ({"properties": {"a": {"if": {"type": "integer"}, "then": {}}}}, "if", "#/properties/a"),
+    (
+        {"properties": {"n": {"anyOf": [{"oneOf": [{"type": "integer"}, {"type": "number"}]}]}}},
+        "oneOf",
+        "#/properties/n/anyOf/0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "keyword", "path"), REFUSED, ids=[k for _, k, _ in REFUSED])
+def test_refusals_name_keyword_and_path(schema: Any, keyword: str, path: str) -> None:
+    spec = ConstraintSpec.create(json_schema=schema)
+    named = re.escape(f"'{keyword}' at {path} ")
+    with pytest.raises(ValueError, match="json_schema keyword " + named) as err:
+        check_spec("llguidance", spec)
+    assert "strict=False" in str(err.value)
+    with pytest.raises(ValueError, match=named):
+        stemma.Constraint(json_schema=schema, backend="llguidance")
+
+
+def test_not_strict_approximates_and_warns() -> None:
+    c = stemma.Constraint(
+        json_schema={"type": "array", "uniqueItems": True}, backend="llguidance", strict=False
+    )
+    assert c.accepts("[1,1]")
+    assert any("uniqueItems" in w for w in c.warnings)
+
+
+def test_jump_forward_forces_the_constant_prefix_and_rolls_back(
+    ll_service: Any, smollm_tokenizer: Any
+) -> None:
+    m: LLGuidanceMatcher = _matcher(ll_service, ConstraintSpec.create(json_schema=TOOL))
+    forced = m.jump_forward(smollm_tokenizer)
+    text = smollm_tokenizer.decode(forced)
+    assert forced and '{"name":"get_weather","days":'.startswith(text)
+    assert m.num_accepted == len(forced)
+    m.rollback(len(forced))
+    assert m.num_accepted == 0
+    draft = m.jump_forward(smollm_tokenizer, stop_before_merge=False)
+    assert smollm_tokenizer.decode(draft) == '{"name":"get_weather","days":'
+    assert draft[: len(forced)] == forced
+    for token_id in smollm_tokenizer.encode("42}"):
+        m.accept_token(token_id)
+    assert m.is_final() and m.is_finished() and m.jump_forward(smollm_tokenizer) == []
+
+
+def test_eos_is_allowed_exactly_in_final_states(ll_service: Any, smollm_tokenizer: Any) -> None:
+    m = _matcher(ll_service, "[0-9]{1,3}")
+    eos = set(smollm_tokenizer.eos_token_ids)
+    vocab_size = smollm_tokenizer.vocab_size
+    assert eos.isdisjoint(_allowed(m, vocab_size)) and not m.is_final()
+    m.accept_token(smollm_tokenizer.encode("7")[0])
+    assert eos <= _allowed(m, vocab_size) and m.allows(min(eos))
+    with pytest.raises(ValueError, match="not allowed"):
+        m.accept_token(smollm_tokenizer.encode("x")[0])
+    m.accept_token(min(eos))
+    assert m.is_terminated and m.is_finished() and not _allowed(m, vocab_size)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_constraint_api(backend: str) -> None:
+    c = stemma.Constraint(choices=["yes", "no"], backend=backend)
+    assert c.accepts("yes") and not c.accepts("ye") and not c.accepts("yess")
+    assert c.accepts(c.tokenizer.encode("no"))
+    m = c.matcher()
+    first, rest = c.tokenizer.encode("y")[0], c.tokenizer.encode("es")
+    assert m.allows(first) and not m.is_final()
+    assert not m.accept(c.tokenizer.encode("n")[0] + 10_000)
+    assert m.accept(first) and all(m.accept(t) for t in rest) and m.is_final()
+
+
+def test_constraint_api_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="grammar_backend must be one of"):
+        stemma.Constraint(regex="a", backend="xgrammar")
+    with pytest.raises(ValueError, match="exactly one"):
+        stemma.Constraint(regex="a", choices=["b"], backend="llguidance")
