@@ -15,6 +15,7 @@ from typing import Any
 
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex
+from .regex_check import normalize_regex
 
 DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -26,11 +27,13 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
 def grammar_text(spec: Any) -> str:
-    """The llguidance grammar (a JSON document) for a ConstraintSpec; never raises."""
+    """The llguidance grammar (a JSON document) for a ConstraintSpec. A regex is checked as
+    for outlines (regex_check.py: unsupported features named, ^/$ dropped), so both backends
+    take the same dialect; grammar errors surface when llguidance builds it."""
     from llguidance import LLMatcher
 
     if spec.regex is not None:
-        return LLMatcher.grammar_from_regex(spec.regex)
+        return LLMatcher.grammar_from_regex(normalize_regex(spec.regex))
     if spec.choices is not None:
         return LLMatcher.grammar_from_regex(choices_regex(spec.choices))
     if spec.dtype is not None:
