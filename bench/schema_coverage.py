@@ -38,12 +38,15 @@ def reason_of(error: str) -> str:
     """A short refusal label: the keyword named, a limit, or the error's first words."""
     if "took longer than" in error:
         return "compile timeout"
+    if re.match(r"pattern has \d+ characters, over the limit", error):
+        return "regex size limit"
     if m := re.search(r"keyword '([^']+)'", error):
         return m.group(1)
     if m := re.search(r"would silently ignore.*?: #[^:]*: (\w+)", error):
         return m.group(1)
     if m := re.search(r'Unimplemented keys: \["([^"]+)"', error):
         return m.group(1)
+    error = re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", error)  # xgrammar's log prefix
     return " ".join(error.split()[:6])[:60]
 
 
