@@ -103,7 +103,9 @@ class LLGuidanceMatcher:
     def accept_token(self, token_id: int) -> None:
         """Advance over `token_id`; ValueError if the grammar does not allow it here."""
         if not self.allows(token_id):
-            raise ValueError(f"token {token_id} is not allowed by the constraint here")
+            raise ValueError(
+                self.error or f"token {token_id} is not allowed by the constraint here"
+            )
         if token_id in self.eos_token_ids:
             self.is_terminated = True
             return

@@ -202,3 +202,11 @@ def test_constraint_api_rejects_bad_arguments() -> None:
         stemma.Constraint(regex="a", backend="xgrammar")
     with pytest.raises(ValueError, match="exactly one"):
         stemma.Constraint(regex="a", choices=["b"], backend="llguidance")
+
+
+def test_engine_config_names_the_grammar_backends() -> None:
+    from stemma.runtime.config import EngineConfig
+
+    assert EngineConfig(grammar_backend="llguidance").grammar_backend == "llguidance"
+    with pytest.raises(ValueError, match="'outlines' or 'llguidance', got 'xgrammar'"):
+        EngineConfig(grammar_backend="xgrammar")
