@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .config import EngineConfig
 from .constrained.backend import (
     GrammarBackend,
     GrammarMatcher,
@@ -21,7 +22,8 @@ from .constrained.spec import ConstraintSpec
 from .constrained.vocabulary import CompileLimits
 from .tokenizer import Tokenizer
 
-DEFAULT_GRAMMAR_BACKEND = "outlines"  # keep in step with EngineConfig.grammar_backend
+# One default for the engine and stemma.Constraint: EngineConfig.grammar_backend.
+DEFAULT_GRAMMAR_BACKEND: str = EngineConfig.__dataclass_fields__["grammar_backend"].default
 _services: dict[tuple[str, str, float], tuple[Tokenizer, GrammarBackend]] = {}
 _services_lock = threading.Lock()
 

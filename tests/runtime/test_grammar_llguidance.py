@@ -210,3 +210,9 @@ def test_engine_config_names_the_grammar_backends() -> None:
     assert EngineConfig(grammar_backend="llguidance").grammar_backend == "llguidance"
     with pytest.raises(ValueError, match="'outlines' or 'llguidance', got 'xgrammar'"):
         EngineConfig(grammar_backend="xgrammar")
+
+
+def test_constraint_defaults_to_the_engines_backend() -> None:
+    from stemma.runtime.config import EngineConfig
+
+    assert stemma.Constraint(regex="a|b").backend == EngineConfig().grammar_backend
