@@ -74,7 +74,7 @@ def create_backend(
     if check_backend(name) == "llguidance":
         from .llguidance_backend import LLGuidanceService
 
-        return LLGuidanceService(tokenizer, limits)
+        return LLGuidanceService(tokenizer, limits, faults=faults)
     from .service import GrammarService
     from .vocabulary import Vocabulary
 

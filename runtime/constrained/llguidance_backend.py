@@ -2,8 +2,9 @@
 costs milliseconds to compile whatever its bounded repetitions (no automaton over the vocabulary).
 
 `LLGuidanceService.submit(spec)` returns at once; worker threads build the grammar (llguidance
-drops the GIL) under llguidance's own fuel and size limits, so a runaway constraint fails only
-its request. Compiled grammars are cached by spec key (LRU); each request gets a deep copy, an
+drops the GIL) under llguidance's own fuel and size limits, and a compile still running at
+the service's time limit fails its request (the build thread is left to end under its fuel).
+Compiled grammars are cached by spec key (LRU); each request gets a deep copy, an
 `LLGuidanceMatcher`, with the same methods the scheduler calls on the outlines Matcher.
 """
 
@@ -22,6 +23,7 @@ from .spec import ConstraintSpec
 from .vocabulary import CompileLimits
 
 if TYPE_CHECKING:
+    from ..faults import Faults
     from ..tokenizer import Tokenizer
 
 MAX_ROLLBACK = 1024  # as the outlines Matcher: jump-forward drafts stay far below it
@@ -208,8 +210,10 @@ class LLGuidanceService:
         *,
         num_workers: int = 2,
         max_cached: int = 1024,
+        faults: Faults | None = None,
     ) -> None:
-        self.limits, self.max_cached = limits or CompileLimits(), max_cached
+        self.limits, self.max_cached, self.faults = limits or CompileLimits(), max_cached, faults
+        self._closed = threading.Event()  # releases a compile held by the compile_hang fault
         self.vocab_size = tokenizer.vocab_size
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
         self.ll_tok = ll_tokenizer(tokenizer)
@@ -240,6 +244,7 @@ class LLGuidanceService:
         return handle
 
     def close(self) -> None:
+        self._closed.set()
         for _ in self._workers:
             self._jobs.put(None)
         for worker in self._workers:
@@ -247,17 +252,34 @@ class LLGuidanceService:
 
     def _worker_loop(self) -> None:
         while (handle := self._jobs.get()) is not None:
-            template, error, warnings = None, None, []
-            try:
-                template = compile_grammar(self.ll_tok, handle.spec, self.limits)
-                warnings = list(template.get_grammar_warnings())
-            except ValueError as err:
-                error = str(err)
-            except Exception as err:  # a bug must still fail the request, never strand it
-                error = f"internal error compiling the constraint: {type(err).__name__}: {err}"
+            out: list[tuple[Any, str | None, list[str]]] = []
+            build = threading.Thread(target=self._build, args=(handle.spec, out), daemon=True)
+            build.start()
+            build.join(self.limits.timeout_s)
+            template, error, warnings = out[0] if out else (None, self._timeout_error(), [])
             with self._lock:
                 self._in_flight.pop(handle.spec.key, None)
                 self._done[handle.spec.key] = (template, error, warnings)
                 while len(self._done) > self.max_cached:
                     self._done.popitem(last=False)
             handle._finish(template, error, warnings)
+
+    def _build(self, spec: ConstraintSpec, out: list[tuple[Any, str | None, list[str]]]) -> None:
+        """Compile on a thread of its own, so the worker can stop waiting at the time limit."""
+        if self.faults is not None and self.faults.take("compile_hang"):
+            self._closed.wait()  # never answers while the service lives
+            return
+        try:
+            template = compile_grammar(self.ll_tok, spec, self.limits)
+            out.append((template, None, list(template.get_grammar_warnings())))
+        except ValueError as err:
+            out.append((None, str(err), []))
+        except Exception as err:  # a bug must still fail the request, never strand it
+            error = f"internal error compiling the constraint: {type(err).__name__}: {err}"
+            out.append((None, error, []))
+
+    def _timeout_error(self) -> str:
+        return (
+            f"compiling the constraint took longer than the {self.limits.timeout_s:g} s limit "
+            "(grammar_timeout_s); simplify the schema or raise the limit"
+        )

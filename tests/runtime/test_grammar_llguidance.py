@@ -204,6 +204,27 @@ def test_constraint_api_rejects_bad_arguments() -> None:
         stemma.Constraint(regex="a", choices=["b"], backend="llguidance")
 
 
+def test_compile_past_the_time_limit_fails_only_its_request(smollm_tokenizer: Any) -> None:
+    """The compile_hang switch holds one build until the service closes: that request fails
+    naming the limit, and the next constraint still compiles."""
+    from stemma.runtime.constrained.vocabulary import CompileLimits
+    from stemma.runtime.faults import Faults
+
+    faults = Faults(enabled=True)
+    faults.arm("compile_hang")
+    service = LLGuidanceService(smollm_tokenizer, CompileLimits(timeout_s=0.2), faults=faults)
+    try:
+        hung = service.submit("[a-z]{3}")
+        assert hung.wait(30) and "longer than the 0.2 s limit" in (hung.error or "")
+        with pytest.raises(ValueError, match="0.2 s limit"):
+            hung.matcher()
+        fine = service.submit("[0-9]{2}")
+        assert fine.wait(30) and fine.error is None and not fine.matcher().is_final()
+    finally:
+        service.close()
+    assert faults.fired["compile_hang"] == 1
+
+
 def test_engine_config_names_the_grammar_backends() -> None:
     from stemma.runtime.config import EngineConfig
 
