@@ -125,7 +125,13 @@ def check_json_schema(schema: str | dict[str, Any], param: str) -> None:
         raise APIError(400, f"{param}: {e}", param) from None
 
 
-def check_constraints(sp: dict[str, Any], prefix: str = "sampling_params.") -> None:
+def check_constraints(
+    sp: dict[str, Any], prefix: str = "sampling_params.", backend: str = "outlines"
+) -> None:
+    """The outlines checks above; another grammar backend names what it refuses when the
+    engine takes the request (constrained/backend.py's check_spec: a ValueError, a 400)."""
+    if backend != "outlines":
+        return
     if sp.get("regex") is not None:
         check_regex(sp["regex"], f"{prefix}regex")
     if sp.get("json_schema") is not None:
@@ -160,7 +166,7 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     params = req.get("sampling_params")
     per_item = params if isinstance(params, list) else [params or {}] * len(prompts)
     for i, sp in enumerate(per_item):
-        check_constraints(sp)
+        check_constraints(sp, backend=state.engine.config.grammar_backend)
         if i < len(prompts):
             state.check_budget(
                 len(prompts[i]), sp.get("max_new_tokens"), "sampling_params.max_new_tokens"
