@@ -59,3 +59,20 @@ def test_refused_keyword_is_a_400_naming_keyword_and_path(ll_server: LiveServer)
         r = c.post("/generate", json={"text": "JSON:", "sampling_params": sp})
     assert r.status_code == 400
     assert "'not' at #/properties/a" in r.text
+
+
+def test_chat_response_format_under_llguidance(ll_server: LiveServer) -> None:
+    """`minimum` (refused by the outlines pre-check) is honoured; `not` is a 400 naming it."""
+    ok = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}
+    bad = {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 2}
+    body |= {"temperature": 0}
+    with httpx.Client(base_url=ll_server.url, timeout=60) as c:
+        fmt = {"type": "json_schema", "json_schema": {"name": "ok", "schema": ok}}
+        r = c.post("/v1/chat/completions", json={**body, "response_format": fmt})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"].startswith("{")
+        fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}}
+        r = c.post("/v1/chat/completions", json={**body, "response_format": fmt})
+    assert r.status_code == 400
+    assert "'not' at #/properties/a" in r.text

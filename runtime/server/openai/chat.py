@@ -16,12 +16,12 @@ from .protocol import ChatCompletionRequest, ChatMessage, SamplingFields
 from .tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_prompt
 
 
-def grammar_extras(body: SamplingFields) -> dict[str, Any]:
-    """stemma's regex / json_schema extras, checked."""
+def grammar_extras(body: SamplingFields, backend: str = "outlines") -> dict[str, Any]:
+    """stemma's regex / json_schema extras, checked (for the engine's grammar backend)."""
     grammar = {
         k: v for k, v in (("regex", body.regex), ("json_schema", body.json_schema)) if v is not None
     }
-    check_constraints(grammar, "")
+    check_constraints(grammar, "", backend)
     return grammar
 
 
@@ -68,10 +68,12 @@ def chat_prompt(state: ServerState, body: ChatCompletionRequest, plan: ToolPlan)
     return state.tokenize_prompt(text, "messages")
 
 
-def chat_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
+def chat_grammar(
+    body: ChatCompletionRequest, plan: ToolPlan, backend: str = "outlines"
+) -> dict[str, Any]:
     """At most one constraint: the regex / json_schema extras, response_format, or the
     schema of a forced tool call."""
-    grammar = grammar_extras(body)
+    grammar = grammar_extras(body, backend)
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         if grammar:
@@ -95,7 +97,7 @@ def chat_grammar(body: ChatCompletionRequest, plan: ToolPlan) -> dict[str, Any]:
                 else {"type": "object"}
             )
         )
-        check_constraints({"json_schema": schema}, "response_format.")
+        check_constraints({"json_schema": schema}, "response_format.", backend)
         grammar = {"json_schema": schema}
     if plan.mode == "forced":
         if grammar:

@@ -163,7 +163,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     }
     spec = _stream_spec("text_completion", "cmpl", state, body)
     limit = (body.max_tokens, "max_tokens")
-    req, rids = _engine_request(state, body, ids, limit, grammar_extras(body), logprobs, spec.id)
+    grammar = grammar_extras(body, state.engine.config.grammar_backend)
+    req, rids = _engine_request(state, body, ids, limit, grammar, logprobs, spec.id)
     echoes = [texts[k // body.n] if body.echo else None for k in range(len(rids))]
     job = _Job(
         req,
@@ -195,7 +196,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         "return_text_in_logprobs": True,
     }
     spec = _stream_spec("chat.completion.chunk", "chatcmpl", state, body)
-    grammar = chat_grammar(body, plan)
+    grammar = chat_grammar(body, plan, state.engine.config.grammar_backend)
     req, rids = _engine_request(
         state, body, [ids], chat_max_tokens(body), grammar, logprobs, spec.id
     )
