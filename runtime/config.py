@@ -8,6 +8,7 @@ from typing import Any
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
 # int8 / int4 weight-only and w8a8_int8 (int8 weights and activations): torch's CPU kernels
 QUANTIZATION_METHODS = ("int8", "int4", "w8a8_int8")
+GRAMMAR_BACKENDS = ("outlines", "llguidance")  # runtime/constrained/backend.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +90,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:
             raise ValueError(f"max_top_logprobs must be >= 0, got {self.max_top_logprobs}")
-        if self.grammar_backend not in ("outlines", "llguidance"):
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(
-                f"grammar_backend must be 'outlines' or 'llguidance', got {self.grammar_backend!r}"
+                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}"
             )
         if self.grammar_timeout_s <= 0 or self.grammar_max_index_mb < 1:
             raise ValueError("grammar_timeout_s must be > 0 and grammar_max_index_mb >= 1")

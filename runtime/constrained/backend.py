@@ -12,14 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..config import GRAMMAR_BACKENDS
 from ..faults import Faults
 from .vocabulary import CompileLimits
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
     from .spec import ConstraintSpec
-
-GRAMMAR_BACKENDS = ("outlines", "llguidance")
 
 
 class GrammarMatcher(Protocol):

@@ -229,7 +229,7 @@ def test_engine_config_names_the_grammar_backends() -> None:
     from stemma.runtime.config import EngineConfig
 
     assert EngineConfig(grammar_backend="llguidance").grammar_backend == "llguidance"
-    with pytest.raises(ValueError, match="'outlines' or 'llguidance', got 'xgrammar'"):
+    with pytest.raises(ValueError, match=r"one of \('outlines', 'llguidance'\), got 'xgrammar'"):
         EngineConfig(grammar_backend="xgrammar")
 
 
