@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 import stemma
@@ -237,3 +238,67 @@ def test_constraint_defaults_to_the_engines_backend() -> None:
     from stemma.runtime.config import EngineConfig
 
     assert stemma.Constraint(regex="a|b").backend == EngineConfig().grammar_backend
+
+
+VERIFIED = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "city": {"type": "string", "maxLength": 6},
+        },
+        "required": ["name", "unit", "days", "city"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"enum": [True, None, "x"]}, "minItems": 2, "maxItems": 3},
+]
+
+
+def _decode(
+    matcher: Any, scores: np.ndarray, tokenizer: Any, *, draft: bool
+) -> tuple[list[int], int]:
+    """Greedy decoding by a fixed-score model under the mask; with `draft`, each step's
+    forced text is drafted, rolled back, and kept only while the model picks the same token
+    (the scheduler's verified jump-forward, runtime/scheduler/draft.py). Returns the ids
+    and how many drafted tokens the model confirmed; ends at EOS."""
+    vocab_size, ids, num_confirmed = len(scores), [], 0
+    row = np.empty((vocab_size + 31) // 32, dtype=np.int32)
+    eos = set(tokenizer.eos_token_ids)
+
+    def pick() -> int:
+        matcher.fill_mask(row)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab_size]
+        return int(np.argmax(np.where(bits.astype(bool), scores, -np.inf)))
+
+    for _ in range(200):
+        pending = []
+        if draft:
+            pending = matcher.jump_forward(tokenizer, stop_before_merge=False)
+            matcher.rollback(len(pending))
+        for proposed in [*pending, None]:
+            token = pick()
+            matcher.accept_token(token)
+            if token in eos:
+                return ids, num_confirmed
+            ids.append(token)
+            if token != proposed:
+                break
+            num_confirmed += 1
+    raise AssertionError("no EOS in 200 steps")
+
+
+@pytest.mark.parametrize("schema", VERIFIED, ids=["object", "array"])
+def test_verified_drafts_keep_token_by_token_output(
+    schema: Any, ll_service: Any, smollm_tokenizer: Any
+) -> None:
+    scores = np.random.default_rng(7).standard_normal(smollm_tokenizer.vocab_size)
+    spec = ConstraintSpec.create(json_schema=schema)
+    plain, _ = _decode(_matcher(ll_service, spec), scores, smollm_tokenizer, draft=False)
+    drafted, num_confirmed = _decode(
+        _matcher(ll_service, spec), scores, smollm_tokenizer, draft=True
+    )
+    assert drafted == plain and num_confirmed >= 2
+    json_text = smollm_tokenizer.decode(plain)
+    jsonschema.validate(json.loads(json_text), schema)
