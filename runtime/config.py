@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..lang.sampling_table import GRAMMAR_BACKENDS  # one table of grammar backends
+
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
 # int8 / int4 weight-only and w8a8_int8 (int8 weights and activations): torch's CPU kernels
 QUANTIZATION_METHODS = ("int8", "int4", "w8a8_int8")
-GRAMMAR_BACKENDS = ("outlines", "llguidance")  # runtime/constrained/backend.py
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,19 +29,23 @@ class Constraints:
         self.faults = faults
         self.cache_dir = cache_dir
         self.limits = limits
-        self._service: GrammarBackend | None = None
+        self._services: dict[str, GrammarBackend] = {}
 
     @property
     def service(self) -> GrammarBackend:
-        if self._service is None:  # the vocabulary costs a second; build it on first use
-            self._service = create_backend(
-                self.backend,
+        """The engine's default backend's service."""
+        return self.service_for(self.backend)
+
+    def service_for(self, backend: str) -> GrammarBackend:
+        if backend not in self._services:  # its vocabulary costs a second: built on first use
+            self._services[backend] = create_backend(
+                backend,
                 self.tokenizer,
                 cache_dir=self.cache_dir,
                 limits=self.limits,
                 faults=self.faults,
             )
-        return self._service
+        return self._services[backend]
 
     def submit(self, params: SamplingParams) -> GrammarHandleLike | None:
         """Start compiling params' constraint; None if it has none. ValueError on bad input."""
@@ -52,9 +56,10 @@ class Constraints:
         if params.regex is None and params.json_schema is None:
             return None
         spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema)
-        check_spec(self.backend, spec)  # unsupported features and schema keywords, by name
-        return self.service.submit(spec)
+        backend = params.grammar_backend or self.backend
+        check_spec(backend, spec)  # unsupported features and schema keywords, by name
+        return self.service_for(backend).submit(spec)
 
     def close(self) -> None:
-        if self._service is not None:
-            self._service.close()
+        for service in self._services.values():
+            service.close()

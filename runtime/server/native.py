@@ -54,6 +54,7 @@ class SamplingParamsIn(BaseModel):
     structural_tag: str | dict[str, Any] | None = None
     custom_params: dict[str, Any] | None = None
     stream_interval: int | None = None
+    grammar_backend: str | None = Field(None, description="outlines | llguidance (stemma's)")
 
 
 class GenerateIn(BaseModel):
@@ -166,7 +167,8 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     params = req.get("sampling_params")
     per_item = params if isinstance(params, list) else [params or {}] * len(prompts)
     for i, sp in enumerate(per_item):
-        check_constraints(sp, backend=state.engine.config.grammar_backend)
+        backend = sp.get("grammar_backend") or state.engine.config.grammar_backend
+        check_constraints(sp, backend=backend)
         if i < len(prompts):
             state.check_budget(
                 len(prompts[i]), sp.get("max_new_tokens"), "sampling_params.max_new_tokens"

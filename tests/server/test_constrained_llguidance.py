@@ -76,3 +76,19 @@ def test_chat_response_format_under_llguidance(ll_server: LiveServer) -> None:
         r = c.post("/v1/chat/completions", json={**body, "response_format": fmt})
     assert r.status_code == 400
     assert "'not' at #/properties/a" in r.text
+
+
+def test_a_request_picks_its_grammar_backend(ll_server: LiveServer) -> None:
+    """sampling_params.grammar_backend overrides the engine's for that request only."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}
+    sp = {"json_schema": json.dumps(schema), "max_new_tokens": 2, "temperature": 0}
+    with httpx.Client(base_url=ll_server.url, timeout=60) as c:
+        r = c.post("/generate", json={"text": "JSON:", "sampling_params": sp})
+        assert r.status_code == 200 and r.json()["text"].startswith("{")
+        outlines = {**sp, "grammar_backend": "outlines"}
+        r = c.post("/generate", json={"text": "JSON:", "sampling_params": outlines})
+        assert r.status_code == 400 and "minimum" in r.text and "outlines-core" in r.text
+        bad = {**sp, "grammar_backend": "xgrammar"}
+        r = c.post("/generate", json={"text": "JSON:", "sampling_params": bad})
+    assert r.status_code == 400
+    assert "sampling_params.grammar_backend" in r.text and "llguidance" in r.text
