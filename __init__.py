@@ -9,6 +9,7 @@ from .lang import __all__ as _lang_all
 __version__ = "0.1.0"
 
 _RUNTIME_EXPORTS = {
+    "Constraint": "stemma.runtime.constraint",
     "Engine": "stemma.runtime.engine",
     "EngineConfig": "stemma.runtime.config",
     "Runtime": "stemma.runtime.inprocess",

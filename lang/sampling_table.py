@@ -144,6 +144,9 @@ def _row(name: str, convert, in_range=None, allowed: str = "") -> tuple[str, Par
     return name, Param(f"sampling_params.{name}", convert, in_range, allowed)
 
 
+# The grammar backends (runtime/constrained/backend.py); EngineConfig checks against it too.
+GRAMMAR_BACKENDS = ("outlines", "llguidance")
+
 # SGLang's native `sampling_params`, in the order of its SamplingParams. None always means
 # "not set"; the table checks set values only.
 SAMPLING_PARAMS: dict[str, Param] = dict(
@@ -172,6 +175,10 @@ SAMPLING_PARAMS: dict[str, Param] = dict(
         _row("ebnf", as_str),
         _row("structural_tag", as_json_text),
         _row("custom_params", as_custom_params),  # carried; no meaning in stemma
+        # stemma's: this request's grammar backend; None = the engine's --grammar-backend.
+        _row(
+            "grammar_backend", as_str, GRAMMAR_BACKENDS.__contains__, "'outlines' or 'llguidance'"
+        ),
         _row("stream_interval", as_int, lambda v: v >= 1, ">= 1 or null"),
     ]
 )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..lang.sampling_table import GRAMMAR_BACKENDS  # one table of grammar backends
+
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
 # int8 / int4 weight-only and w8a8_int8 (int8 weights and activations): torch's CPU kernels
 QUANTIZATION_METHODS = ("int8", "int4", "w8a8_int8")
@@ -26,6 +28,7 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # most prompt tokens in one step
     disable_radix_cache: bool = False
     enable_jump_forward: bool = True  # append text a constraint forces without a forward
+    grammar_backend: str = "outlines"  # outlines | llguidance (runtime/constrained/backend.py)
     grammar_timeout_s: float = 20.0  # a constraint compiling longer fails its request
     grammar_max_index_mb: int = 256  # a compiled constraint larger than this fails its request
     # Bounds on one /generate request, checked before any work is spent on it (io_struct.py).
@@ -97,6 +100,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_top_logprobs < 0:
             raise ValueError(f"max_top_logprobs must be >= 0, got {self.max_top_logprobs}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(
+                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}"
+            )
         if self.grammar_timeout_s <= 0 or self.grammar_max_index_mb < 1:
             raise ValueError("grammar_timeout_s must be > 0 and grammar_max_index_mb >= 1")
         self._check_parallel()

@@ -94,7 +94,9 @@ class Engine:
             timeout_s=cfg.grammar_timeout_s, max_index_bytes=cfg.grammar_max_index_mb << 20
         )
         grammar = Path(cfg.cache_dir) / "grammar" if cfg.cache_dir else default_grammar_cache_dir()
-        self.constraints = Constraints(self.tokenizer, grammar, limits, self.faults)
+        self.constraints = Constraints(
+            self.tokenizer, grammar, limits, self.faults, cfg.grammar_backend
+        )
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()

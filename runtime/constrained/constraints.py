@@ -5,15 +5,14 @@ scheduler thread; the scheduler admits the request once its grammar is ready.
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 
 from ..faults import Faults
 from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer
-from .service import GrammarHandle, GrammarService
-from .spec import ConstraintSpec, resolve
+from .backend import GrammarBackend, GrammarHandleLike, check_backend, check_spec, create_backend
+from .spec import ConstraintSpec
 from .vocabulary import CompileLimits
 
 
@@ -24,27 +23,34 @@ class Constraints:
         cache_dir: Path | None,
         limits: CompileLimits,
         faults: Faults | None = None,
+        backend: str = "outlines",
     ):
+        self.backend = check_backend(backend)  # backend.py: outlines | llguidance
         self.tokenizer = tokenizer
         self.faults = faults
         self.cache_dir = cache_dir
         self.limits = limits
-        self._service: GrammarService | None = None
-        self._service_lock = threading.Lock()  # submit runs on any caller's thread
+        self._services: dict[str, GrammarBackend] = {}
+        self._services_lock = threading.Lock()  # submit runs on any caller's thread
 
     @property
-    def service(self) -> GrammarService:
-        with self._service_lock:
-            if self._service is None:  # the vocabulary costs a second; build it on first use
-                from .vocabulary import Vocabulary
+    def service(self) -> GrammarBackend:
+        """The engine's default backend's service."""
+        return self.service_for(self.backend)
 
-                vocab = Vocabulary.from_tokenizer(self.tokenizer)
-                self._service = GrammarService(
-                    vocab, cache_dir=self.cache_dir, limits=self.limits, faults=self.faults
+    def service_for(self, backend: str) -> GrammarBackend:
+        with self._services_lock:
+            if backend not in self._services:  # its vocabulary costs a second: on first use
+                self._services[backend] = create_backend(
+                    backend,
+                    self.tokenizer,
+                    cache_dir=self.cache_dir,
+                    limits=self.limits,
+                    faults=self.faults,
                 )
-            return self._service
+            return self._services[backend]
 
-    def submit(self, params: SamplingParams) -> GrammarHandle | None:
+    def submit(self, params: SamplingParams) -> GrammarHandleLike | None:
         """Start compiling params' constraint; None if it has none. ValueError on bad input."""
         if params.ebnf is not None or params.structural_tag is not None:
             raise ValueError(
@@ -53,13 +59,10 @@ class Constraints:
         if params.regex is None and params.json_schema is None:
             return None
         spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema)
-        regex = resolve(spec).regex  # unsupported features and schema keywords, by name
-        try:
-            re.compile(regex)
-        except (re.error, RecursionError, OverflowError) as err:  # a repeat past 2^32, say
-            raise ValueError(f"invalid regex: {err}") from None
-        return self.service.submit(spec)
+        backend = params.grammar_backend or self.backend
+        check_spec(backend, spec)  # unsupported features and schema keywords, by name
+        return self.service_for(backend).submit(spec)
 
     def close(self) -> None:
-        if self._service is not None:
-            self._service.close()
+        for service in self._services.values():
+            service.close()

@@ -44,6 +44,7 @@ class SamplingParams:
     ebnf: str | None = None
     structural_tag: str | None = None
     custom_params: dict[str, Any] | None = None  # accepted and carried; no meaning in stemma
+    grammar_backend: str | None = None  # this request's; None: the engine's --grammar-backend
     stream_interval: int | None = None
 
     def __post_init__(self) -> None:

@@ -17,8 +17,7 @@ from ..sampling.sampler import SamplingState
 
 if TYPE_CHECKING:
     from ...radix import RadixNode
-    from ..constrained.matcher import Matcher
-    from ..constrained.service import GrammarHandle
+    from ..constrained.backend import GrammarHandleLike, GrammarMatcher
     from .stop import StopMatcher
 
 FinishKind = Literal["stop", "length", "abort"]
@@ -65,8 +64,8 @@ class Req:
     kv_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache (largest over admissions)
     finish: FinishReason | None = None
-    grammar_handle: GrammarHandle | None = None  # a compiling constraint; admitted when ready
-    grammar: Matcher | None = None  # its matcher, once compiled
+    grammar_handle: GrammarHandleLike | None = None  # compiling; admitted when ready
+    grammar: GrammarMatcher | None = None  # its matcher (backend.py), once compiled
     draft: list[int] = field(default_factory=list)  # forced by the constraint, not yet verified
     num_forced_tokens: int = 0  # verified draft tokens (they needed no forward of their own)
     stop: StopMatcher | None = None  # its stop strings and regexes over the decoded output

@@ -55,6 +55,7 @@ class SamplingParamsIn(BaseModel):
     structural_tag: str | dict[str, Any] | None = None
     custom_params: dict[str, Any] | None = None
     stream_interval: int | None = None
+    grammar_backend: str | None = Field(None, description="outlines | llguidance (stemma's)")
 
 
 class GenerateIn(BaseModel):
@@ -133,8 +134,16 @@ def check_json_schema(schema: str | dict[str, Any], param: str, limits: EngineCo
 
 
 def check_constraints(
-    sp: dict[str, Any], limits: EngineConfig, prefix: str = "sampling_params."
+    sp: dict[str, Any],
+    limits: EngineConfig,
+    prefix: str = "sampling_params.",
+    backend: str = "outlines",
 ) -> None:
+    """The outlines checks above; another grammar backend names what it refuses when the
+    engine takes the request (constrained/backend.py's check_spec: a ValueError, a 400).
+    Every backend's constraint is bounded first by limits.py, in the engine's parser."""
+    if backend != "outlines":
+        return
     if sp.get("regex") is not None:
         check_regex(sp["regex"], f"{prefix}regex")
     if sp.get("json_schema") is not None:
@@ -169,7 +178,8 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     params = req.get("sampling_params")
     per_item = params if isinstance(params, list) else [params or {}] * len(prompts)
     for i, sp in enumerate(per_item):
-        check_constraints(sp, state.engine.config)
+        backend = sp.get("grammar_backend") or state.engine.config.grammar_backend
+        check_constraints(sp, state.engine.config, backend=backend)
         if i < len(prompts):
             state.check_budget(
                 len(prompts[i]), sp.get("max_new_tokens"), "sampling_params.max_new_tokens"

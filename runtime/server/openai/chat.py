@@ -18,11 +18,12 @@ from .tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_pr
 
 
 def grammar_extras(body: SamplingFields, limits: EngineConfig) -> dict[str, Any]:
-    """stemma's regex / json_schema extras, checked (off the event loop: it builds them)."""
+    """stemma's regex / json_schema extras, checked for the engine's grammar backend (off the
+    event loop: it builds them)."""
     grammar = {
         k: v for k, v in (("regex", body.regex), ("json_schema", body.json_schema)) if v is not None
     }
-    check_constraints(grammar, limits, "")
+    check_constraints(grammar, limits, "", limits.grammar_backend)
     return grammar
 
 
@@ -101,7 +102,9 @@ def chat_grammar(
                 else {"type": "object"}
             )
         )
-        check_constraints({"json_schema": schema}, limits, "response_format.")
+        check_constraints(
+            {"json_schema": schema}, limits, "response_format.", limits.grammar_backend
+        )
         grammar = {"json_schema": schema}
     if plan.mode == "forced":
         if grammar:
@@ -112,7 +115,7 @@ def chat_grammar(
                 "tool_choice",
             )
         for i, tool in enumerate(plan.tools):
-            if tool.function.parameters is not None:
+            if tool.function.parameters is not None and limits.grammar_backend == "outlines":
                 param = f"tools[{i}].function.parameters"
                 check_json_schema(tool.function.parameters, param, limits)
         grammar = {"json_schema": tool_call_schema(plan)}  # its bounds: the engine's parser

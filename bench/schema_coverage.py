@@ -1,0 +1,251 @@
+"""JSON-schema coverage on real-world schemas (JSONSchemaBench's MaskBench scoring).
+
+A schema is ok when the system compiles it and, for every test instance, the instance's tokens
+(compact JSON, `json.dumps(data, separators=(",", ":"), ensure_ascii=False)`, tokenized by
+SmolLM2's tokenizer) are all allowed with a final state at the end exactly when the instance is
+valid. Per group and total: schemas ok, refused (by reason), valid instances refused, invalid
+instances accepted, compile p50/p90/max. Systems: stemma with each grammar backend (through
+stemma.Constraint, compiles bounded by the service's time limit), and llguidance / xgrammar
+alone as references. Each system runs in a worker process; a schema running past
+--schema-timeout-s (compile and tests) kills the worker and counts as "timeout".
+
+    python -m stemma.bench.schema_coverage --data ../shared/data/jsonschemabench/sample.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import multiprocessing as mp
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .common import append_results, print_table
+
+SYSTEMS = ("stemma-outlines", "stemma-llguidance", "llguidance", "xgrammar")
+MODEL = "smollm2-135m"
+
+
+def compact(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def reason_of(error: str) -> str:
+    """A short refusal label: the keyword named, a limit, or the error's first words."""
+    if "took longer than" in error:
+        return "compile timeout"
+    if re.match(r"pattern has \d+ characters, over the limit", error):
+        return "regex size limit"
+    if m := re.search(r"keyword '([^']+)'", error):
+        return m.group(1)
+    if m := re.search(r"would silently ignore.*?: #[^:]*: (\w+)", error):
+        return m.group(1)
+    if m := re.search(r'Unimplemented keys: \["([^"]+)"', error):
+        return m.group(1)
+    error = re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", error)  # xgrammar's log prefix
+    return " ".join(error.split()[:6])[:60]
+
+
+class _Stemma:
+    def __init__(self, backend: str, timeout_s: float) -> None:
+        import stemma
+
+        self.Constraint, self.backend, self.timeout_s = stemma.Constraint, backend, timeout_s
+        self.tokenizer = self.Constraint(regex="x", backend=backend).tokenizer
+
+    def compile(self, schema: Any) -> Any:
+        return self.Constraint(json_schema=schema, backend=self.backend, timeout_s=self.timeout_s)
+
+    def accepts(self, compiled: Any, ids: list[int]) -> bool:
+        return compiled.accepts(ids)
+
+
+class _LLGuidance:
+    def __init__(self, hf: Any) -> None:
+        import llguidance.hf
+
+        self.tok = llguidance.hf.from_tokenizer(hf)
+
+    def compile(self, schema: Any) -> Any:
+        from llguidance import LLMatcher
+
+        options = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+        grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
+        matcher = LLMatcher(self.tok, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error().splitlines()[0])
+        return matcher
+
+    def accepts(self, compiled: Any, ids: list[int]) -> bool:
+        m = compiled.deep_copy()
+        return m.consume_tokens(ids) and m.is_accepting()
+
+
+class _XGrammar:
+    def __init__(self, hf: Any) -> None:
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=len(hf))
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self.eos = hf.eos_token_id
+
+    def compile(self, schema: Any) -> Any:
+        try:
+            return self.compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=False
+            )
+        except RuntimeError as err:  # xgrammar reports unsupported schemas this way
+            raise ValueError(str(err).splitlines()[0] if str(err) else "RuntimeError") from err
+
+    def accepts(self, compiled: Any, ids: list[int]) -> bool:
+        m = self.xgr.GrammarMatcher(compiled)
+        return all(m.accept_token(t) for t in ids) and m.accept_token(self.eos)
+
+
+def _make(system: str, timeout_s: float) -> tuple[Any, Any]:
+    """(evaluator, tokenize) for one system, inside its worker."""
+    if system.startswith("stemma-"):
+        ev = _Stemma(system.removeprefix("stemma-"), timeout_s)
+        return ev, ev.tokenizer.encode
+    from transformers import AutoTokenizer
+
+    from ..runtime.models.loader import resolve_checkpoint
+
+    hf = AutoTokenizer.from_pretrained(str(resolve_checkpoint(MODEL)))
+    ev = _LLGuidance(hf) if system == "llguidance" else _XGrammar(hf)
+    return ev, lambda text: hf.encode(text, add_special_tokens=False)
+
+
+def _worker(system: str, timeout_s: float, conn: Any) -> None:
+    ev, tokenize = _make(system, timeout_s)
+    conn.send("ready")
+    while (job := conn.recv()) is not None:
+        schema, tests = job
+        t0 = time.perf_counter()
+        try:
+            compiled = ev.compile(schema)
+        except (ValueError, TypeError) as err:
+            conn.send({"status": "refused", "reason": reason_of(str(err)), "error": str(err)})
+            continue
+        compile_s = time.perf_counter() - t0
+        valid_refused = invalid_accepted = 0
+        for test in tests:
+            accepted = ev.accepts(compiled, tokenize(compact(test["data"])))
+            valid_refused += test["valid"] and not accepted
+            invalid_accepted += (not test["valid"]) and accepted
+        conn.send(
+            {
+                "status": "compiled",
+                "compile_s": compile_s,
+                "valid_refused": valid_refused,
+                "invalid_accepted": invalid_accepted,
+            }
+        )
+
+
+class _Runner:
+    """One system's worker process; restarted after a schema runs past the limit."""
+
+    def __init__(self, system: str, timeout_s: float, schema_timeout_s: float) -> None:
+        self.system, self.timeout_s, self.schema_timeout_s = system, timeout_s, schema_timeout_s
+        self.proc: Any = None
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(self.system, self.timeout_s, child))
+        self.proc.start()
+        assert self.conn.recv() == "ready"
+
+    def run(self, schema: Any, tests: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.proc is None:
+            self._start()
+        self.conn.send((schema, tests))
+        if self.conn.poll(self.schema_timeout_s):
+            return self.conn.recv()
+        self.close()
+        return {"status": "refused", "reason": "schema timeout", "error": "timeout"}
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join()
+            self.proc = None
+
+
+def summarize(system: str, group: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    compiled = [r for r in results if r["status"] == "compiled"]
+    ok = [r for r in compiled if not r["valid_refused"] and not r["invalid_accepted"]]
+    times = sorted(r["compile_s"] * 1000 for r in compiled)
+    refused = Counter(r["reason"] for r in results if r["status"] == "refused")
+
+    def pct(q: float) -> float | None:
+        return round(times[min(len(times) - 1, int(q * len(times)))], 2) if times else None
+
+    return {
+        "system": system,
+        "group": group,
+        "schemas": len(results),
+        "ok": len(ok),
+        "ok_pct": round(100 * len(ok) / max(1, len(results)), 1),
+        "refused": sum(refused.values()),
+        "refused_by_reason": dict(refused.most_common()),
+        "wrong": len(compiled) - len(ok),
+        "valid_refused": sum(r["valid_refused"] for r in compiled),
+        "invalid_accepted": sum(r["invalid_accepted"] for r in compiled),
+        "compile_p50_ms": pct(0.5),
+        "compile_p90_ms": pct(0.9),
+        "compile_max_ms": round(times[-1], 2) if times else None,
+    }
+
+
+def run_system(system: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict]:
+    runner = _Runner(system, args.compile_timeout_s, args.schema_timeout_s)
+    results = []
+    try:
+        for row in rows:
+            results.append({"group": row["group"], **runner.run(row["schema"], row["tests"])})
+    finally:
+        runner.close()
+    groups = sorted({r["group"] for r in results})
+    out = [summarize(system, g, [r for r in results if r["group"] == g]) for g in groups]
+    return [*out, summarize(system, "total", results)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="MaskBench-style JSONL")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {SYSTEMS}")
+    ap.add_argument("--limit", type=int, default=None, help="first N schemas only")
+    ap.add_argument("--compile-timeout-s", type=float, default=10.0, help="stemma's limit")
+    ap.add_argument("--schema-timeout-s", type=float, default=30.0, help="compile + tests")
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args(argv)
+    rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()]
+    rows = rows[: args.limit]
+    systems = [s for s in args.systems.split(",") if s]
+    if unknown := set(systems) - set(SYSTEMS):
+        raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+    summary: list[dict[str, Any]] = []
+    for system in systems:
+        summary += run_system(system, rows, args)
+    columns = ["system", "group", "schemas", "ok", "refused", "wrong", "valid_refused"]
+    columns += ["invalid_accepted", "compile_p50_ms", "compile_p90_ms", "compile_max_ms"]
+    print_table([r for r in summary if r["group"] == "total"], columns)
+    if not args.no_record:
+        versions = {
+            p: importlib.metadata.version(p) for p in ("llguidance", "xgrammar", "outlines_core")
+        }
+        extra = {"data": args.data.name, "num_schemas": len(rows), "versions": versions}
+        extra |= {"compile_timeout_s": args.compile_timeout_s}
+        path = append_results("schema_coverage", summary, **extra)
+        print(f"appended {len(summary)} rows to {path}")
+
+
+if __name__ == "__main__":
+    main()

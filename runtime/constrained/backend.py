@@ -1,0 +1,103 @@
+"""One grammar-backend interface (SGLang's BaseGrammarBackend idea), two backends behind it.
+
+A backend is a service with `submit(spec) -> handle` (never blocks: compiles off the scheduler
+thread under limits, a failure fails only its request) and `close()`; a handle has `ready()`,
+`wait()`, `error`, `warnings` and `matcher()`, a fresh GrammarMatcher per request. Everything
+the scheduler does with a constraint goes through GrammarMatcher: one bitmask per request per
+step, forced tokens for jump-forward (drafts still verified by the model), rollback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..config import GRAMMAR_BACKENDS
+from ..faults import Faults
+from .vocabulary import CompileLimits
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+    from .spec import ConstraintSpec
+
+
+class GrammarMatcher(Protocol):
+    """One request's position in a compiled constraint."""
+
+    is_terminated: bool  # EOS accepted
+    num_accepted: int
+
+    @property
+    def error(self) -> str | None: ...
+    def allows(self, token_id: int) -> bool: ...
+    def accept_token(self, token_id: int) -> None: ...
+    def rollback(self, num_tokens: int) -> None: ...
+    def is_final(self) -> bool: ...
+    def is_finished(self) -> bool: ...
+    def fill_mask(self, bitmask: Any, row: int | None = None) -> None: ...
+    def jump_forward(
+        self, tokenizer: Tokenizer, *, stop_before_merge: bool = True
+    ) -> list[int]: ...
+
+
+class GrammarHandleLike(Protocol):
+    spec: ConstraintSpec
+    error: str | None
+    warnings: list[str]
+
+    def ready(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def matcher(self) -> GrammarMatcher: ...
+
+
+class GrammarBackend(Protocol):
+    def submit(self, spec: ConstraintSpec | str) -> GrammarHandleLike: ...
+    def close(self) -> None: ...
+
+
+def check_backend(name: str) -> str:
+    if name not in GRAMMAR_BACKENDS:
+        raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {name!r}")
+    return name
+
+
+def create_backend(
+    name: str,
+    tokenizer: Tokenizer,
+    *,
+    cache_dir: Path | None = None,
+    limits: CompileLimits | None = None,
+    faults: Faults | None = None,
+) -> GrammarBackend:
+    """The named backend's service over `tokenizer` (builds its vocabulary: about a second)."""
+    if check_backend(name) == "llguidance":
+        from .llguidance_backend import LLGuidanceService
+
+        return LLGuidanceService(tokenizer, limits, faults=faults)
+    from .service import GrammarService
+    from .vocabulary import Vocabulary
+
+    vocab = Vocabulary.from_tokenizer(tokenizer)
+    return GrammarService(vocab, cache_dir=cache_dir, limits=limits, faults=faults)
+
+
+def check_spec(name: str, spec: ConstraintSpec) -> None:
+    """Up-front validation at the request boundary: ValueError names what cannot be honoured.
+
+    outlines: the regex the schema resolves to (unsupported features and keywords, by name).
+    llguidance: the grammar without the vocabulary (milliseconds, under its fuel limits);
+    refused keywords are named with their schema path."""
+    if name == "llguidance":
+        from .llguidance_backend import validate
+
+        validate(spec)
+    elif name == "outlines":
+        import re
+
+        from .spec import resolve
+
+        regex = resolve(spec).regex
+        try:
+            re.compile(regex)
+        except (re.error, RecursionError, OverflowError) as err:  # a repeat past 2^32, say
+            raise ValueError(f"invalid regex: {err}") from None

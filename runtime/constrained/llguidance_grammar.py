@@ -1,0 +1,106 @@
+"""A ConstraintSpec as an llguidance grammar, and llguidance's refusals named by keyword and path.
+
+JSON schemas keep their own semantics (objects stay open unless additionalProperties says
+otherwise; $ref/$defs, anyOf/allOf, enum/const, numeric bounds, lengths, pattern, format and
+item counts are honoured); JSON is emitted compact, as the outlines backend does. What llguidance
+cannot honour (oneOf, if/then, unknown formats, ...) is refused, never loosened, unless
+`strict=False`, where it is approximated and listed as a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
+from ...lang.constraints import choices_regex
+from .regex_check import normalize_regex
+
+DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
+_COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# Object members whose keys are property names, not keywords; their values are subschemas.
+_NAMED_SUBSCHEMAS = frozenset(
+    "properties patternProperties $defs definitions dependentSchemas".split()
+)
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def grammar_text(spec: Any) -> str:
+    """The llguidance grammar (a JSON document) for a ConstraintSpec. A regex is checked as
+    for outlines (regex_check.py: unsupported features named, ^/$ dropped), so both backends
+    take the same dialect; grammar errors surface when llguidance builds it."""
+    from llguidance import LLMatcher
+
+    if spec.regex is not None:
+        return LLMatcher.grammar_from_regex(normalize_regex(spec.regex))
+    if spec.choices is not None:
+        return LLMatcher.grammar_from_regex(choices_regex(spec.choices))
+    if spec.dtype is not None:
+        return LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype])
+    options: dict[str, Any] = dict(_COMPACT)
+    if spec.whitespace is not None:
+        options = {"whitespace_flexible": False, "whitespace_pattern": spec.whitespace}
+    if not spec.strict:
+        options |= {"lenient": True, "coerce_one_of": True}
+    return LLMatcher.grammar_from_json_schema(spec.json_schema, overrides=options)
+
+
+def refusal(spec: Any, error: str) -> str:
+    """llguidance's compile error, with the schema keyword and its path where one is named."""
+    first = error.strip().splitlines()[0] if error.strip() else "unknown error"
+    if spec.json_schema is None:
+        kind = "regex" if spec.regex is not None else "constraint"
+        return f"{kind} not supported by llguidance: {first}"
+    schema = json.loads(spec.json_schema)
+    keywords, value = _named_keywords(first)
+    found = _find(schema, keywords, value, "#") if keywords else None
+    if found:
+        keyword, path = found
+        return (
+            f"json_schema keyword {keyword!r} at {path} is not supported by the llguidance "
+            f"backend ({first}); remove it, or pass strict=False to approximate it"
+        )
+    return f"json_schema not supported by the llguidance backend: {first}"
+
+
+def _named_keywords(message: str) -> tuple[tuple[str, ...], Any]:
+    """(keywords, value or None) that an llguidance error message names, if any."""
+    if m := re.search(r"Unimplemented keys: \[([^\]]+)\]", message):
+        return tuple(json.loads(f"[{m.group(1)}]")), None
+    if m := re.search(r"Unknown format: (\S+)", message):
+        return ("format",), m.group(1)
+    if "oneOf" in message:
+        return ("oneOf",), None
+    if "min/maxProperties" in message:
+        return ("minProperties", "maxProperties"), None
+    return (), None
+
+
+def _find(node: Any, keywords: tuple[str, ...], value: Any, path: str) -> tuple[str, str] | None:
+    """(keyword, JSON pointer) of the first subschema holding one of `keywords` (equal to
+    `value` if given), depth first in document order."""
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            if found := _find(item, keywords, value, f"{path}/{i}"):
+                return found
+        return None
+    if not isinstance(node, dict):
+        return None
+    for keyword in keywords:
+        if keyword in node and (value is None or node[keyword] == value):
+            return keyword, path
+    for key, child in node.items():
+        if key in _DATA_KEYWORDS:
+            continue
+        if key in _NAMED_SUBSCHEMAS and isinstance(child, dict):
+            for name, sub in child.items():
+                if found := _find(sub, keywords, value, f"{path}/{key}/{_escape(name)}"):
+                    return found
+        elif found := _find(child, keywords, value, f"{path}/{key}"):
+            return found
+    return None
+
+
+def _escape(name: str) -> str:
+    return str(name).replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,62 @@
+"""The engine decoding under the llguidance backend on the built-in model: every output
+validates against its schema (greedy, jump-forward drafts verified by the model), and a
+refused keyword is a ValueError at submission naming its schema path."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from stemma.runtime.engine import Engine
+
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"enum": [1, 2, 3]}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
+    {
+        "$defs": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "type": "object",
+        "properties": {"unit": {"$ref": "#/$defs/unit"}, "ok": {"type": "boolean"}},
+        "required": ["unit", "ok"],
+        "additionalProperties": False,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine("smollm2-135m", kv_cache_mb=128, grammar_backend="llguidance")
+    e.check_invariants = True
+    yield e
+    e.shutdown()
+
+
+def _requests(engine: Engine) -> tuple[list[str], list[dict]]:
+    texts = [
+        engine.apply_chat_template([{"role": "user", "content": f"JSON for {json.dumps(s)}"}])
+        for s in SCHEMAS
+    ]
+    params = [
+        {"json_schema": json.dumps(s), "max_new_tokens": 40, "temperature": 0} for s in SCHEMAS
+    ]
+    return texts, params
+
+
+def test_outputs_validate_under_llguidance(engine: Engine) -> None:
+    assert engine.constraints.backend == "llguidance"
+    texts, params = _requests(engine)
+    outs = engine.generate(texts, params)
+    for schema, out in zip(SCHEMAS, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        jsonschema.validate(json.loads(out["text"]), schema)
+
+
+def test_refused_keyword_is_a_value_error_naming_its_path(engine: Engine) -> None:
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(ValueError, match="'uniqueItems' at #/properties/tags"):
+        engine.generate("hi", {"json_schema": json.dumps(schema), "max_new_tokens": 4})

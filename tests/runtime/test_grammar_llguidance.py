@@ -1,0 +1,304 @@
+"""The llguidance backend: masks agree with the outlines backend (llguidance keeps only the
+canonical token where bytes are forced), JSON Schema semantics (open objects, $ref, anyOf,
+bounds), refusals named by keyword and schema path, jump-forward and rollback, and the public
+stemma.Constraint over both backends."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import stemma
+from stemma.runtime.constrained.backend import check_spec
+from stemma.runtime.constrained.llguidance_backend import LLGuidanceMatcher, LLGuidanceService
+from stemma.runtime.constrained.spec import ConstraintSpec
+
+
+@pytest.fixture(scope="module")
+def ll_service(smollm_tokenizer: Any) -> Iterator[LLGuidanceService]:
+    service = LLGuidanceService(smollm_tokenizer)
+    yield service
+    service.close()
+
+
+def _matcher(service: Any, spec: ConstraintSpec | str) -> Any:
+    handle = service.submit(spec)
+    assert handle.wait(60) and handle.error is None, handle.error
+    return handle.matcher()
+
+
+def _allowed(matcher: Any, vocab_size: int) -> set[int]:
+    row = np.empty((vocab_size + 31) // 32, dtype=np.int32)
+    matcher.fill_mask(row)
+    return set(np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist())
+
+
+TOOL = {
+    "type": "object",
+    "properties": {"name": {"const": "get_weather"}, "days": {"type": "integer"}},
+    "required": ["name", "days"],
+    "additionalProperties": False,
+}
+AGREE = [
+    (ConstraintSpec(regex="(yes|no)"), "no"),
+    (ConstraintSpec(regex=r"[0-9]{4}-(0[1-9]|1[0-2])"), "2024-05"),
+    (ConstraintSpec(regex="#[0-9a-fA-F]{6}"), "#a0B1c2"),
+    (ConstraintSpec.create(json_schema=TOOL), '{"name":"get_weather","days":12}'),
+    (
+        ConstraintSpec.create(json_schema={"type": "array", "items": {"type": "integer"}}),
+        "[1,-20,300]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "text"), AGREE, ids=[t for _, t in AGREE])
+def test_masks_agree_with_outlines(
+    spec: ConstraintSpec, text: str, ll_service: Any, grammar_service: Any, smollm_tokenizer: Any
+) -> None:
+    """Where no byte is forced the masks are equal; where one is, llguidance allows only the
+    canonical token, a subset of what outlines allows. EOS agrees everywhere."""
+    vocab_size = smollm_tokenizer.vocab_size
+    ll, oc = _matcher(ll_service, spec), _matcher(grammar_service, spec)
+    num_free = 0
+    for token_id in [*smollm_tokenizer.encode(text), None]:
+        ll_ids, oc_ids = _allowed(ll, vocab_size), _allowed(oc, vocab_size)
+        assert ll_ids <= oc_ids
+        if not ll._m.compute_ff_bytes():
+            assert ll_ids == oc_ids
+            num_free += 1
+        assert ll.is_final() == oc.is_final()
+        if token_id is not None:
+            assert token_id in ll_ids
+            ll.accept_token(token_id)
+            oc.accept_token(token_id)
+    assert ll.is_final() and num_free >= 2
+
+
+SEMANTICS = [  # (schema, accepted instances, rejected instances)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, [{"a": 1, "b": "x"}], []),
+    (
+        {"properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+        [{"a": 1}, {}],
+        [{"a": 1, "b": 2}],
+    ),
+    (
+        {"type": "object", "additionalProperties": {"type": "integer"}},
+        [{"k": 2}],
+        [{"k": "x"}],
+    ),
+    (
+        {"$defs": {"pos": {"type": "integer", "minimum": 1}}, "$ref": "#/$defs/pos"},
+        [1, 7],
+        [0, -3],
+    ),
+    ({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}]}, ["ab", None], ["abc"]),
+    ({"allOf": [{"type": "integer"}, {"maximum": 5}]}, [5], [6, 1.5]),
+    ({"enum": ["a", 1, None]}, ["a", 1, None], ["b", 2]),
+    ({"const": {"k": [1, 2]}}, [{"k": [1, 2]}], [{"k": [1]}]),
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, [0.5, 1], [0, 1.5]),
+    ({"type": "string", "pattern": "^[a-z]+[0-9]$"}, ["ab1"], ["ab", "1"]),
+    ({"type": "string", "format": "date"}, ["2024-02-29"], ["2024-13-01", "x"]),
+    ({"type": "array", "minItems": 2, "maxItems": 3}, [[1, "a"]], [[1], [1, 2, 3, 4]]),
+]
+
+
+@pytest.mark.parametrize(("schema", "good", "bad"), SEMANTICS, ids=lambda x: json.dumps(x)[:40])
+def test_json_schema_semantics(schema: Any, good: list[Any], bad: list[Any]) -> None:
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    for value in good:
+        assert c.accepts(json.dumps(value, separators=(",", ":"))), value
+    for value in bad:
+        assert not c.accepts(json.dumps(value, separators=(",", ":"))), value
+
+
+REFUSED = [
+    (
+        {"properties": {"x": {"items": {"uniqueItems": True}}}},
+        "uniqueItems",
+        "#/properties/x/items",
+    ),
+    (
+        {"$defs": {"d": {"format": "iri"}}, "properties": {"u": {"$ref": "#/$defs/d"}}},
+        "format",
+        "#/$defs/d",
+    ),
+    ({"properties": {"a": {"if": {"type": "integer"}, "then": {}}}}, "if", "#/properties/a"),
+    (
+        {"properties": {"n": {"anyOf": [{"oneOf": [{"type": "integer"}, {"type": "number"}]}]}}},
+        "oneOf",
+        "#/properties/n/anyOf/0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "keyword", "path"), REFUSED, ids=[k for _, k, _ in REFUSED])
+def test_refusals_name_keyword_and_path(schema: Any, keyword: str, path: str) -> None:
+    spec = ConstraintSpec.create(json_schema=schema)
+    named = re.escape(f"'{keyword}' at {path} ")
+    with pytest.raises(ValueError, match="json_schema keyword " + named) as err:
+        check_spec("llguidance", spec)
+    assert "strict=False" in str(err.value)
+    with pytest.raises(ValueError, match=named):
+        stemma.Constraint(json_schema=schema, backend="llguidance")
+
+
+def test_not_strict_approximates_and_warns() -> None:
+    c = stemma.Constraint(
+        json_schema={"type": "array", "uniqueItems": True}, backend="llguidance", strict=False
+    )
+    assert c.accepts("[1,1]")
+    assert any("uniqueItems" in w for w in c.warnings)
+
+
+def test_jump_forward_forces_the_constant_prefix_and_rolls_back(
+    ll_service: Any, smollm_tokenizer: Any
+) -> None:
+    m: LLGuidanceMatcher = _matcher(ll_service, ConstraintSpec.create(json_schema=TOOL))
+    forced = m.jump_forward(smollm_tokenizer)
+    text = smollm_tokenizer.decode(forced)
+    assert forced and '{"name":"get_weather","days":'.startswith(text)
+    assert m.num_accepted == len(forced)
+    m.rollback(len(forced))
+    assert m.num_accepted == 0
+    draft = m.jump_forward(smollm_tokenizer, stop_before_merge=False)
+    assert smollm_tokenizer.decode(draft) == '{"name":"get_weather","days":'
+    assert draft[: len(forced)] == forced
+    for token_id in smollm_tokenizer.encode("42}"):
+        m.accept_token(token_id)
+    assert m.is_final() and m.is_finished() and m.jump_forward(smollm_tokenizer) == []
+
+
+def test_eos_is_allowed_exactly_in_final_states(ll_service: Any, smollm_tokenizer: Any) -> None:
+    m = _matcher(ll_service, "[0-9]{1,3}")
+    eos = set(smollm_tokenizer.eos_token_ids)
+    vocab_size = smollm_tokenizer.vocab_size
+    assert eos.isdisjoint(_allowed(m, vocab_size)) and not m.is_final()
+    m.accept_token(smollm_tokenizer.encode("7")[0])
+    assert eos <= _allowed(m, vocab_size) and m.allows(min(eos))
+    with pytest.raises(ValueError, match="not allowed"):
+        m.accept_token(smollm_tokenizer.encode("x")[0])
+    m.accept_token(min(eos))
+    assert m.is_terminated and m.is_finished() and not _allowed(m, vocab_size)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_constraint_api(backend: str) -> None:
+    c = stemma.Constraint(choices=["yes", "no"], backend=backend)
+    assert c.accepts("yes") and not c.accepts("ye") and not c.accepts("yess")
+    assert c.accepts(c.tokenizer.encode("no"))
+    m = c.matcher()
+    first, rest = c.tokenizer.encode("y")[0], c.tokenizer.encode("es")
+    assert m.allows(first) and not m.is_final()
+    assert not m.accept(c.tokenizer.encode("n")[0] + 10_000)
+    assert m.accept(first) and all(m.accept(t) for t in rest) and m.is_final()
+
+
+def test_constraint_api_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="grammar_backend must be one of"):
+        stemma.Constraint(regex="a", backend="xgrammar")
+    with pytest.raises(ValueError, match="exactly one"):
+        stemma.Constraint(regex="a", choices=["b"], backend="llguidance")
+
+
+def test_compile_past_the_time_limit_fails_only_its_request(smollm_tokenizer: Any) -> None:
+    """The compile_hang switch holds one build until the service closes: that request fails
+    naming the limit, and the next constraint still compiles."""
+    from stemma.runtime.constrained.vocabulary import CompileLimits
+    from stemma.runtime.faults import Faults
+
+    faults = Faults(enabled=True)
+    faults.arm("compile_hang")
+    service = LLGuidanceService(smollm_tokenizer, CompileLimits(timeout_s=0.2), faults=faults)
+    try:
+        hung = service.submit("[a-z]{3}")
+        assert hung.wait(30) and "longer than the 0.2 s limit" in (hung.error or "")
+        with pytest.raises(ValueError, match="0.2 s limit"):
+            hung.matcher()
+        fine = service.submit("[0-9]{2}")
+        assert fine.wait(30) and fine.error is None and not fine.matcher().is_final()
+    finally:
+        service.close()
+    assert faults.fired["compile_hang"] == 1
+
+
+def test_engine_config_names_the_grammar_backends() -> None:
+    from stemma.runtime.config import EngineConfig
+
+    assert EngineConfig(grammar_backend="llguidance").grammar_backend == "llguidance"
+    with pytest.raises(ValueError, match=r"one of \('outlines', 'llguidance'\), got 'xgrammar'"):
+        EngineConfig(grammar_backend="xgrammar")
+
+
+def test_constraint_defaults_to_the_engines_backend() -> None:
+    from stemma.runtime.config import EngineConfig
+
+    assert stemma.Constraint(regex="a|b").backend == EngineConfig().grammar_backend
+
+
+VERIFIED = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "city": {"type": "string", "maxLength": 6},
+        },
+        "required": ["name", "unit", "days", "city"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"enum": [True, None, "x"]}, "minItems": 2, "maxItems": 3},
+]
+
+
+def _decode(
+    matcher: Any, scores: np.ndarray, tokenizer: Any, *, draft: bool
+) -> tuple[list[int], int]:
+    """Greedy decoding by a fixed-score model under the mask; with `draft`, each step's
+    forced text is drafted, rolled back, and kept only while the model picks the same token
+    (the scheduler's verified jump-forward, runtime/scheduler/draft.py). Returns the ids
+    and how many drafted tokens the model confirmed; ends at EOS."""
+    vocab_size, ids, num_confirmed = len(scores), [], 0
+    row = np.empty((vocab_size + 31) // 32, dtype=np.int32)
+    eos = set(tokenizer.eos_token_ids)
+
+    def pick() -> int:
+        matcher.fill_mask(row)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab_size]
+        return int(np.argmax(np.where(bits.astype(bool), scores, -np.inf)))
+
+    for _ in range(200):
+        pending = []
+        if draft:
+            pending = matcher.jump_forward(tokenizer, stop_before_merge=False)
+            matcher.rollback(len(pending))
+        for proposed in [*pending, None]:
+            token = pick()
+            matcher.accept_token(token)
+            if token in eos:
+                return ids, num_confirmed
+            ids.append(token)
+            if token != proposed:
+                break
+            num_confirmed += 1
+    raise AssertionError("no EOS in 200 steps")
+
+
+@pytest.mark.parametrize("schema", VERIFIED, ids=["object", "array"])
+def test_verified_drafts_keep_token_by_token_output(
+    schema: Any, ll_service: Any, smollm_tokenizer: Any
+) -> None:
+    scores = np.random.default_rng(7).standard_normal(smollm_tokenizer.vocab_size)
+    spec = ConstraintSpec.create(json_schema=schema)
+    plain, _ = _decode(_matcher(ll_service, spec), scores, smollm_tokenizer, draft=False)
+    drafted, num_confirmed = _decode(
+        _matcher(ll_service, spec), scores, smollm_tokenizer, draft=True
+    )
+    assert drafted == plain and num_confirmed >= 2
+    json_text = smollm_tokenizer.decode(plain)
+    jsonschema.validate(json.loads(json_text), schema)

@@ -1,0 +1,42 @@
+"""bench/schema_coverage's bookkeeping: refusal labels and the per-group summary (counts,
+wrong schemas, compile percentiles)."""
+
+from __future__ import annotations
+
+from stemma.bench.schema_coverage import compact, reason_of, summarize
+
+
+def test_reason_labels_name_the_keyword_or_the_limit() -> None:
+    ll = "json_schema keyword 'not' at #/properties/a is not supported by the llguidance backend"
+    assert reason_of(ll) == "not"
+    assert reason_of("compiling the constraint took longer than the 10 s limit") == (
+        "compile timeout"
+    )
+    assert reason_of("pattern has 385786 characters, over the limit of 200000") == (
+        "regex size limit"
+    )
+    oc = "json_schema keywords outlines-core would silently ignore (...): #/items: minimum"
+    assert reason_of(oc) == "minimum"
+    assert reason_of("[09:51:27] /x/json_schema_converter.cc:4950: Cannot handle a b c d") == (
+        "Cannot handle a b c d"
+    )
+
+
+def test_summary_counts_ok_refused_wrong_and_percentiles() -> None:
+    results = [
+        {"status": "compiled", "compile_s": 0.001, "valid_refused": 0, "invalid_accepted": 0},
+        {"status": "compiled", "compile_s": 0.003, "valid_refused": 2, "invalid_accepted": 0},
+        {"status": "compiled", "compile_s": 0.002, "valid_refused": 0, "invalid_accepted": 1},
+        {"status": "refused", "reason": "not", "error": "..."},
+        {"status": "refused", "reason": "not", "error": "..."},
+    ]
+    row = summarize("s", "g", results)
+    assert (row["schemas"], row["ok"], row["refused"], row["wrong"]) == (5, 1, 2, 2)
+    assert (row["valid_refused"], row["invalid_accepted"]) == (2, 1)
+    assert row["refused_by_reason"] == {"not": 2}
+    assert (row["compile_p50_ms"], row["compile_max_ms"]) == (2.0, 3.0)
+    assert row["ok_pct"] == 20.0
+
+
+def test_instances_are_serialized_compactly() -> None:
+    assert compact({"a": [1, "é"], "b": None}) == '{"a":[1,"é"],"b":null}'
