@@ -3,8 +3,10 @@
 `import stemma` stays light (no torch): the runtime classes load on first use.
 """
 
-from .lang import *  # noqa: F403  (the DSL is the public surface)
-from .lang import __all__ as _lang_all
+# The DSL is the public surface. Imported absolutely, so that a checkout in a folder of any
+# name runs its tests: pytest imports the root `__init__.py` as a package named after it.
+from stemma.lang import *  # noqa: F403
+from stemma.lang import __all__ as _lang_all
 
 __version__ = "0.1.0"
 
