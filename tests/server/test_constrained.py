@@ -60,15 +60,21 @@ def test_generate_regex_and_json_schema_on_the_tiny_model(server):
         "required": ["answer", "sure"],
         "additionalProperties": False,
     }
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    check_regex_and_schema(server.url, schema, max_new_tokens=48)
+
+
+def check_regex_and_schema(url: str, schema: dict, max_new_tokens: int) -> None:
+    """A regex over a batch fullmatches; a schema's output finishes and validates."""
+    with httpx.Client(base_url=url, timeout=60) as c:
         regex = "(yes|no|maybe), (red|green)"
         sp = {"regex": regex, "max_new_tokens": 32}
         r = c.post("/generate", json={"text": ["Answer:", "Colour?"], "sampling_params": sp})
         assert r.status_code == 200
         assert all(re.fullmatch(regex, out["text"]) for out in r.json())
-        sp = {"json_schema": json.dumps(schema), "max_new_tokens": 48}
+        sp = {"json_schema": json.dumps(schema), "max_new_tokens": max_new_tokens, "temperature": 0}
         r = c.post("/generate", json={"text": "JSON:", "sampling_params": sp})
         assert r.status_code == 200
+        assert r.json()["meta_info"]["finish_reason"]["type"] == "stop"
         jsonschema.validate(json.loads(r.json()["text"]), schema)
 
 
