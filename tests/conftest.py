@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -263,23 +264,35 @@ def make_prompts():
 
 class StepGate:
     """Holds an engine's loop before a step until the test releases it: lets `free` steps
-    run, then the next one waits. A request cannot finish on its own meanwhile, however fast
-    this CPU is, and commands sent to the engine (an abort) are seen right after the held
-    step, since the loop drains its inbox between steps."""
+    run, then the next one waits (with `when`, the first step at which when() is true waits
+    instead; it runs on the engine thread, between steps, so it may read the scheduler's
+    queues). A request cannot finish on its own meanwhile, however fast this CPU is, and
+    commands sent to the engine (an abort) are seen right after the held step, since the loop
+    drains its inbox between steps. With tensor parallelism the gate holds rank 0's loop;
+    the other ranks wait for its next step as they do while the engine is idle."""
 
-    def __init__(self, engine, monkeypatch: pytest.MonkeyPatch, free: int) -> None:
-        self.free, self.released, self.held = free, threading.Event(), threading.Event()
+    def __init__(
+        self, engine, monkeypatch: pytest.MonkeyPatch, free: int, when: Callable | None = None
+    ) -> None:
+        self.free, self.when = free, when
+        self.released, self.held = threading.Event(), threading.Event()
         real = engine.scheduler.step
 
         def step():
-            if self.free > 0:
-                self.free -= 1
-            else:
+            if not self.released.is_set() and self._hold_now():
                 self.held.set()
                 assert self.released.wait(60), "the test never released the engine"
             return real()
 
         monkeypatch.setattr(engine.scheduler, "step", step)
+
+    def _hold_now(self) -> bool:
+        if self.when is not None:
+            return bool(self.when())
+        if self.free > 0:
+            self.free -= 1
+            return False
+        return True
 
     def release(self) -> None:
         self.released.set()
@@ -287,5 +300,14 @@ class StepGate:
 
 @pytest.fixture
 def step_gate(monkeypatch: pytest.MonkeyPatch):
-    """step_gate(engine, free=n): a StepGate on `engine`, removed after the test."""
-    return lambda engine, free=0: StepGate(engine, monkeypatch, free)
+    """step_gate(engine, free=n) or step_gate(engine, when=predicate): a StepGate on
+    `engine`, released and removed after the test (a failed test leaves no engine held)."""
+    gates: list[StepGate] = []
+
+    def make(engine, free: int = 0, when: Callable | None = None) -> StepGate:
+        gates.append(StepGate(engine, monkeypatch, free, when))
+        return gates[-1]
+
+    yield make
+    for gate in gates:
+        gate.release()

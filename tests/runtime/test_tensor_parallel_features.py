@@ -62,18 +62,23 @@ def test_streaming_chunks_equal_tp1(engines, make_prompts):
     assert len(runs[1][-1]["output_ids"]) == 12
 
 
-def test_abort_mid_generation_then_serve_equal_tp1(engines, make_prompts):
+def test_abort_mid_generation_then_serve_equal_tp1(engines, make_prompts, step_gate):
+    """The abort is sent while rank 0 waits before the second step, so it lands right after
+    that step on any CPU: two tokens."""
     tp1, tp2 = engines
     [prompt] = make_prompts([8], 384, 22)
     sp = GREEDY | {"max_new_tokens": 100}
     full = tp1.generate(input_ids=prompt, sampling_params=sp)["output_ids"]
+    gate = step_gate(tp2, free=1)  # the prefill: the first token
     stream = tp2.generate(input_ids=prompt, sampling_params=sp, stream=True, rid="tp-abort")
     next(stream)
+    assert gate.held.wait(60)  # past the inbox: the abort is seen after the held step
     tp2.abort("tp-abort")
+    gate.release()
     *_, last = stream
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     partial = last["output_ids"]
-    assert 0 < len(partial) < 100 and partial == full[: len(partial)]
+    assert len(partial) == 2 and partial == full[:2]
     assert tp2.get_metrics()["num_running"] == 0
     [after] = make_prompts([11], 384, 23)
     a, b = both(engines, input_ids=after, sampling_params=GREEDY | {"max_new_tokens": 8})

@@ -98,11 +98,14 @@ def test_two_nodes_equal_tp1_and_node1_exits_with_the_engine(tiny_llama_dir, mak
 
 
 @pytest.mark.parametrize("when", ["mid-stream", "idle"])
-def test_killed_node_fails_requests_naming_its_rank(tiny_llama_dir, make_prompts, when):
+def test_killed_node_fails_requests_naming_its_rank(tiny_llama_dir, make_prompts, step_gate, when):
+    """Mid-stream, rank 0 is held after the prefill until node 1 is killed, so the next step
+    finds rank 1 gone on any CPU and the request ends with the first token only."""
     engine, node = two_node_engine(tiny_llama_dir, dist_timeout_s=2.0)
     try:
         [prompt] = make_prompts([8], 384, 5)
         if when == "mid-stream":
+            gate = step_gate(engine, free=1)  # the prefill: the first token
             stream = engine.generate(
                 input_ids=prompt, sampling_params={"max_new_tokens": 480, "ignore_eos": True},
                 stream=True,
@@ -111,10 +114,12 @@ def test_killed_node_fails_requests_naming_its_rank(tiny_llama_dir, make_prompts
         node.kill()
         start = time.monotonic()
         if when == "mid-stream":
+            gate.release()
             *_, last = stream
             reason = last["meta_info"]["finish_reason"]
             assert reason["type"] == "abort"
             assert "rank 1 on node 1 died or hung" in reason["message"]
+            assert len(last["output_ids"]) == 1
         else:  # the watchdog: no step runs, the heartbeat goes stale
             while engine.unavailable is None and time.monotonic() - start < 10:
                 time.sleep(0.1)
