@@ -56,8 +56,12 @@ def test_streaming_chunks_equal_tp1(engines, make_prompts):
                         stream=True))
         for e in engines
     ]  # fmt: skip
+    # Chunks are cumulative, and a reader that lags gets the newest one (engine_state's
+    # EventBuffer), so how many arrive depends on timing; what each holds does not.
     texts = [[chunk["text"] for chunk in run] for run in runs]
-    assert len(texts[1]) > 1 and texts[1] == texts[0]
+    assert texts[1][-1] == texts[0][-1]
+    for run_texts in texts:
+        assert all(run_texts[-1].startswith(t) for t in run_texts)
     assert runs[1][-1]["output_ids"] == runs[0][-1]["output_ids"]
     assert len(runs[1][-1]["output_ids"]) == 12
 
