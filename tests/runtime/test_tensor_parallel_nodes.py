@@ -141,23 +141,19 @@ def test_missing_node_fails_the_start_naming_its_ranks(tiny_llama_dir):
     assert "--node-rank 1 --dist-init-addr" in str(e.value)
 
 
-def test_node_with_another_model_fails_the_start(tiny_llama_dir, tiny_qwen2_dir):
+@pytest.mark.parametrize(
+    ("node_model", "secret", "error"),
+    [
+        ("tiny_qwen2_dir", SECRET, "rank 1 failed to connect: .* is not rank 0's"),
+        ("tiny_llama_dir", "another secret, 16+ bytes long", "node 1's secret is not"),
+    ],
+    ids=["another-model", "another-secret"],
+)
+def test_a_node_that_disagrees_fails_the_start(tiny_llama_dir, node_model, secret, error, request):
     addr = free_addr()
-    node = start_node(tiny_qwen2_dir, addr)
+    node = start_node(request.getfixturevalue(node_model), addr, secret=secret)
     try:
-        with pytest.raises(RuntimeError, match="rank 1 failed to connect: .* is not rank 0's"):
-            Engine(str(tiny_llama_dir), tp_size=2, nnodes=2, dist_init_addr=addr, **OPTS)
-        assert node.wait(10) != 0
-    finally:
-        node.kill()
-        node.wait()
-
-
-def test_node_with_another_secret_fails_the_start(tiny_llama_dir):
-    addr = free_addr()
-    node = start_node(tiny_llama_dir, addr, secret="another secret, 16+ bytes long")
-    try:
-        with pytest.raises(RuntimeError, match="rank 1 failed to connect: node 1's secret is not"):
+        with pytest.raises(RuntimeError, match=error):
             Engine(str(tiny_llama_dir), tp_size=2, nnodes=2, dist_init_addr=addr, **OPTS)
         assert node.wait(10) != 0
     finally:
