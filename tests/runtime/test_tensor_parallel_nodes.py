@@ -101,7 +101,7 @@ def test_two_nodes_equal_tp1_and_node1_exits_with_the_engine(tiny_llama_dir, mak
 def test_killed_node_fails_requests_naming_its_rank(tiny_llama_dir, make_prompts, step_gate, when):
     """Mid-stream, rank 0 is held after the prefill until node 1 is killed, so the next step
     finds rank 1 gone on any CPU and the request ends with the first token only."""
-    engine, node = two_node_engine(tiny_llama_dir, dist_timeout_s=2.0)
+    engine, node = two_node_engine(tiny_llama_dir, dist_timeout_s=5.0)
     try:
         [prompt] = make_prompts([8], 384, 5)
         if when == "mid-stream":
@@ -121,9 +121,9 @@ def test_killed_node_fails_requests_naming_its_rank(tiny_llama_dir, make_prompts
             assert "rank 1 on node 1 died or hung" in reason["message"]
             assert len(last["output_ids"]) == 1
         else:  # the watchdog: no step runs, the heartbeat goes stale
-            while engine.unavailable is None and time.monotonic() - start < 10:
+            while engine.unavailable is None and time.monotonic() - start < 30:
                 time.sleep(0.1)
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < 30
         with pytest.raises(EngineUnavailable, match="rank 1 on node 1 died or hung"):
             engine.generate(input_ids=prompt, sampling_params=GREEDY)
     finally:
