@@ -19,6 +19,7 @@ from .config import EngineConfig
 from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
+from .cpu_caches import bound_onednn_caches
 from .dtype_policy import plan_small_steps, resolve_dtype
 from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueGate
 from .executor.model_runner import ModelRunner
@@ -48,6 +49,7 @@ class Engine:
         if model is not None and model_path is not None and model != model_path:
             raise ValueError(f"got model={model!r} and model_path={model_path!r}; give one")
         model = model or model_path or DEFAULT_MODEL
+        bound_onednn_caches()  # before anything below runs a oneDNN matmul
         self.config = cfg = EngineConfig.from_kwargs(model=model, **config)
         if cfg.num_threads or (cfg.tp_size > 1 and cfg.device == "cpu"):
             torch.set_num_threads(cfg.num_threads or 1)  # one per rank: ranks share the cores

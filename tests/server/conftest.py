@@ -116,8 +116,16 @@ def idle_metrics():
 
 @pytest.fixture(scope="session")
 def short_server(tiny_llama_dir: Path) -> Iterator[LiveServer]:
-    """A tiny-model server with a 48-token context, so fuzzed requests stay short."""
-    engine = Engine(str(tiny_llama_dir), dtype="float32", max_total_tokens=4096, context_length=48)
+    """A tiny-model server with a 48-token context, so fuzzed requests stay short, and a 2 s
+    compile limit, so a fuzzed schema whose automaton is large costs 2 s (its answer is then a
+    400, which the fuzz test accepts), not the default 20."""
+    engine = Engine(
+        str(tiny_llama_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        context_length=48,
+        grammar_timeout_s=2.0,
+    )
     live = LiveServer(create_app(engine), engine)
     yield live
     live.stop()
