@@ -38,6 +38,7 @@ def test_the_server_is_probed_for_its_regex_field(backend):
 
 def test_a_program_gives_the_same_text_as_over_generate(backend, smol_server):
     over_chat = triage.run(ticket="The login page times out.", backend=backend)
+    over_chat.sync()  # one program at a time: the same batches, so the same greedy text
     native = stemma.RuntimeEndpoint(smol_server.url)
     over_generate = triage.run(ticket="The login page times out.", backend=native)
     assert over_chat["urgency"] in ("low", "medium", "high")
