@@ -1,4 +1,5 @@
-"""A bound on oneDNN's per-shape caches, so a long-running server's memory levels off.
+"""Bounds on CPU memory that grows with the traffic's shapes, so a long-running server's RSS
+levels off: oneDNN's per-shape caches, and the heap's freed pages (HeapTrimmer, below).
 
 torch runs bfloat16 (and packed) matmuls on CPU through oneDNN. oneDNN keeps a compiled
 primitive for every input shape it meets (ONEDNN_PRIMITIVE_CACHE_CAPACITY, default 1024) and
@@ -15,7 +16,9 @@ had. A capacity the user set in either variable wins.
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Callable
 
 CAPACITY_ENV = "STEMMA_ONEDNN_CACHE_CAPACITY"
 DEFAULT_CAPACITY = 64
@@ -35,3 +38,46 @@ def bound_onednn_caches() -> int:
     for name in CACHE_ENVS:
         os.environ.setdefault(name, str(capacity))
     return capacity
+
+
+# ---- the heap ---------------------------------------------------------------------------------
+# A step's large temporaries (a long prefill's activations, a batch's logits) are freed into
+# glibc's heap, which keeps the pages for reuse; with steps of ever-changing sizes the heap's
+# free space is scattered and RSS climbs to the peak of every past step and stays there.
+# malloc_trim hands free pages back to the OS: about 10 ms when there is something to return,
+# a tenth of a millisecond when not, so the engine calls it every TRIM_EVERY_STEPS steps and
+# whenever it goes idle.
+TRIM_EVERY_STEPS = 256
+
+
+def load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+class HeapTrimmer:
+    """Calls malloc_trim every `every` steps and on release(); a no-op without glibc."""
+
+    def __init__(self, every: int = TRIM_EVERY_STEPS, trim: Callable[[int], int] | None = None):
+        if every < 1:
+            raise ValueError(f"HeapTrimmer every={every}: expected 1 or more steps")
+        self.every, self._trim = every, trim if trim is not None else load_malloc_trim()
+        self.steps_since_trim = 0
+        self.num_trims = 0
+
+    def after_step(self) -> None:
+        self.steps_since_trim += 1
+        if self.steps_since_trim >= self.every:
+            self.release()
+
+    def release(self) -> None:
+        """Trim now (the engine calls this when it goes idle after some steps)."""
+        self.steps_since_trim = 0
+        if self._trim is not None:
+            self._trim(0)
+            self.num_trims += 1

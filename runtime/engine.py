@@ -19,7 +19,7 @@ from .config import EngineConfig
 from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
-from .cpu_caches import bound_onednn_caches
+from .cpu_caches import HeapTrimmer, bound_onednn_caches
 from .dtype_policy import plan_small_steps, resolve_dtype
 from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueGate
 from .executor.model_runner import ModelRunner
@@ -102,6 +102,7 @@ class Engine:
         self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
+        self.heap = HeapTrimmer()  # hands freed heap pages back to the OS (cpu_caches.py)
         self.check_invariants = False  # tests turn this on: check_memory() after every step
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._handles: dict[str, Handle] = {}
@@ -291,6 +292,8 @@ class Engine:
     def _loop(self) -> None:
         while True:
             busy = bool(self.scheduler.running or self.scheduler.waiting)
+            if not busy and self.heap.steps_since_trim:
+                self.heap.release()  # idle: return the last steps' temporaries to the OS
             if not self._drain_inbox(block=not busy):
                 break
             if not (self.scheduler.running or self.scheduler.waiting):
@@ -305,6 +308,8 @@ class Engine:
                 advanced = self._fail_batch(f"engine error: {type(e).__name__}: {e}")
             if self.scheduler.last_batch is None and not advanced:
                 self._idle_wait()  # waiting requests cannot start yet (e.g. grammar compiling)
+            else:
+                self.heap.after_step()
             self.metrics.on_step(self.scheduler.last_batch)
             self._emit(advanced)
             if self.check_invariants:
