@@ -129,8 +129,17 @@ def main() -> None:
     print(f"hardware: {hardware()}")
     print_table(
         rows,
-        ["capacity", "dtype", "rss_growth_mb", "decode_b1", "decode_b1_ratio", "decode_b16",
-         "decode_b16_ratio", "mixed_s", "mixed_ratio"],
+        [
+            "capacity",
+            "dtype",
+            "rss_growth_mb",
+            "decode_b1",
+            "decode_b1_ratio",
+            "decode_b16",
+            "decode_b16_ratio",
+            "mixed_s",
+            "mixed_ratio",
+        ],
     )
     append_results("shape_cache", rows)
 
