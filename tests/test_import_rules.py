@@ -25,7 +25,8 @@ HEAVY = ("torch", "numpy", "triton", "transformers")
 CHAIN = ["server", "engine", "scheduler", "executor", "models"]
 SIDE = {"sampling": {"shared"}, "constrained": {"sampling", "shared"}, "shared": set()}
 ENGINE_MODULES = {"engine", "engine_state", "inbox", "inprocess", "io_struct", "limits"}
-ENGINE_MODULES |= {"response", "constraint", "cpu_caches"}  # constraint: the public stemma.Constraint
+# constraint: the public stemma.Constraint
+ENGINE_MODULES |= {"response", "constraint", "cpu_caches"}
 SHARED_MODULES = {"config", "dtype_policy", "faults", "tokenizer"}
 RUNTIME_MAY_IMPORT = ("stemma.radix", "stemma.kernels", "stemma.lang.backend")
 RUNTIME_MAY_IMPORT += ("stemma.lang.constraints",)  # the one source of constraint constants

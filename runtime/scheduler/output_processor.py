@@ -181,8 +181,7 @@ class OutputProcessor:
         # More top logprobs than the vocabulary holds are all of it (torch.topk would raise).
         vocab = logits.shape[-1]
         top_n = [
-            min(r.logprob.top_logprobs_num, vocab) if r.logprob.return_logprob else 0
-            for r in reqs
+            min(r.logprob.top_logprobs_num, vocab) if r.logprob.return_logprob else 0 for r in reqs
         ]
         try:
             want = any(r.logprob.return_logprob for r in reqs)
@@ -204,9 +203,7 @@ class OutputProcessor:
         k = min(req.logprob.top_logprobs_num, lp.shape[-1])
         if k > 0:
             vals, ids = lp.topk(k, dim=-1)
-            req.input_top_logprobs += [
-                list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())
-            ]
+            req.input_top_logprobs += [list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())]
 
     def append_token(self, req: Req, token: int, logprob: float, top, i: int) -> None:
         req.output_ids.append(token)

@@ -4,9 +4,9 @@ trimmed every so many steps and whenever the engine goes idle."""
 
 from __future__ import annotations
 
-import pytest
 import time
 
+import pytest
 from stemma.runtime import cpu_caches
 from stemma.runtime.cpu_caches import (
     CACHE_ENVS,

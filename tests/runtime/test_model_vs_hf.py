@@ -121,11 +121,20 @@ CHAT_PROMPTS = [
     "Write a haiku about the sea.",
     "Translate 'good morning' into Spanish.",
 ]
+NEW_CHAT_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
 def smollm2_fp32():
-    """Our loader's model and HF's own GGUF loader (its own dequantization and q/k order)."""
+    """Our loader's model and HF's own GGUF loader (its own dequantization and q/k order).
+
+    HF's loader parses the file's header twice (config, then weights) and builds gguf-py's name
+    map anew for every submodule of the model (a few hundred times): most of the load. The
+    reader is read-only and the map a pure function of (arch, blocks), so both are memoized
+    here; nothing else of the load changes."""
+    import functools
+
+    import gguf
     from stemma.runtime.models.loader import BUILTIN_MODELS, resolve_checkpoint
     from transformers import AutoModelForCausalLM
 
@@ -135,7 +144,10 @@ def smollm2_fp32():
 
     package, filename = BUILTIN_MODELS["smollm2-135m"]
     gguf_dir = Path(importlib.util.find_spec(package).submodule_search_locations[0])
-    hf = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        mp.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        hf = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
     return ckpt, hf.eval()
 
 
@@ -146,13 +158,13 @@ def test_smollm2_fp32_matches_hf_greedy(smollm2_fp32):
     prompts = [
         tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in CHAT_PROMPTS
     ]
-    ours, _ = drv.generate(prompts, n=32)
+    ours, _ = drv.generate(prompts, n=NEW_CHAT_TOKENS)
     for prompt, mine in zip(prompts, ours):
         out = hf.generate(
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=32,
-            min_new_tokens=32,
+            max_new_tokens=NEW_CHAT_TOKENS,
+            min_new_tokens=NEW_CHAT_TOKENS,
             do_sample=False,
             eos_token_id=None,
             pad_token_id=0,
