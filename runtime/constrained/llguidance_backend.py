@@ -44,15 +44,19 @@ def parser_limits(limits: CompileLimits) -> Any:
     return LLParserLimits(max_grammar_size=max(limits.max_regex_chars, 500_000))
 
 
-def compile_grammar(ll_tok: Any, spec: ConstraintSpec, limits: CompileLimits) -> Any:
-    """A fresh LLMatcher at the start of `spec`; ValueError names what cannot be honoured."""
+def compile_grammar(
+    ll_tok: Any, spec: ConstraintSpec, limits: CompileLimits
+) -> tuple[Any, list[str]]:
+    """(a fresh LLMatcher at the start of `spec`, its warnings); ValueError names what cannot
+    be honoured."""
     from llguidance import LLMatcher
 
     _check_size(spec, limits)
-    matcher = LLMatcher(ll_tok, grammar_text(spec), log_level=0, limits=parser_limits(limits))
+    grammar, notes = grammar_text(spec)
+    matcher = LLMatcher(ll_tok, grammar, log_level=0, limits=parser_limits(limits))
     if matcher.is_error():
         raise ValueError(refusal(spec, matcher.get_error()))
-    return matcher
+    return matcher, notes + list(matcher.get_grammar_warnings())
 
 
 def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
@@ -62,7 +66,7 @@ def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
     limits = limits or CompileLimits()
     _check_size(spec, limits)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(
-        grammar_text(spec), None, limits=parser_limits(limits)
+        grammar_text(spec)[0], None, limits=parser_limits(limits)
     )
     if is_error:
         raise ValueError(refusal(spec, messages[0] if messages else ""))
@@ -270,8 +274,8 @@ class LLGuidanceService:
             self._closed.wait()  # never answers while the service lives
             return
         try:
-            template = compile_grammar(self.ll_tok, spec, self.limits)
-            out.append((template, None, list(template.get_grammar_warnings())))
+            template, warnings = compile_grammar(self.ll_tok, spec, self.limits)
+            out.append((template, None, warnings))
         except ValueError as err:
             out.append((None, str(err), []))
         except Exception as err:  # a bug must still fail the request, never strand it

@@ -3,19 +3,22 @@
 JSON schemas keep their own semantics (objects stay open unless additionalProperties says
 otherwise; $ref/$defs, anyOf/allOf, enum/const, numeric bounds, lengths, pattern, format and
 item counts are honoured); JSON is emitted compact, as the outlines backend does. What llguidance
-cannot honour (oneOf, if/then, unknown formats, ...) is refused, never loosened, unless
-`strict=False`, where it is approximated and listed as a warning.
+cannot compile as written (`not`, overlapping `oneOf`, `if`/`then`, `dependencies`, unknown
+formats) is first rewritten exactly where that can be done (schema_rewrite.py); what is left is
+refused, never loosened, unless `strict=False`, where it is approximated and listed as a warning.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
 
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex
 from .regex_check import normalize_regex
+from .schema_rewrite import rewrite_schema
 
 DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -26,24 +29,36 @@ _NAMED_SUBSCHEMAS = frozenset(
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
-def grammar_text(spec: Any) -> str:
-    """The llguidance grammar (a JSON document) for a ConstraintSpec. A regex is checked as
-    for outlines (regex_check.py: unsupported features named, ^/$ dropped), so both backends
-    take the same dialect; grammar errors surface when llguidance builds it."""
+def grammar_text(spec: Any) -> tuple[str, list[str]]:
+    """(the llguidance grammar, a JSON document, for a ConstraintSpec; notes on the schema's
+    rewrite). A regex is checked as for outlines (regex_check.py: unsupported features named,
+    ^/$ dropped), so both backends take the same dialect; grammar errors surface when
+    llguidance builds it."""
     from llguidance import LLMatcher
 
     if spec.regex is not None:
-        return LLMatcher.grammar_from_regex(normalize_regex(spec.regex))
+        return LLMatcher.grammar_from_regex(normalize_regex(spec.regex)), []
     if spec.choices is not None:
-        return LLMatcher.grammar_from_regex(choices_regex(spec.choices))
+        return LLMatcher.grammar_from_regex(choices_regex(spec.choices)), []
     if spec.dtype is not None:
-        return LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype])
+        return LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), []
     options: dict[str, Any] = dict(_COMPACT)
     if spec.whitespace is not None:
         options = {"whitespace_flexible": False, "whitespace_pattern": spec.whitespace}
     if not spec.strict:
         options |= {"lenient": True, "coerce_one_of": True}
-    return LLMatcher.grammar_from_json_schema(spec.json_schema, overrides=options)
+    schema, notes = rewrite_schema(json.loads(spec.json_schema), known_format)
+    return LLMatcher.grammar_from_json_schema(schema, overrides=options), notes
+
+
+@lru_cache(maxsize=256)
+def known_format(name: str) -> bool:
+    """llguidance checks this `format` (it refuses a format it does not know)."""
+    from llguidance import LLMatcher
+
+    grammar = LLMatcher.grammar_from_json_schema({"type": "string", "format": name})
+    is_error, _ = LLMatcher.validate_grammar_with_warnings(grammar, None)
+    return not is_error
 
 
 def refusal(spec: Any, error: str) -> str:

@@ -123,8 +123,8 @@ REFUSED = [
         "#/properties/x/items",
     ),
     (
-        {"$defs": {"d": {"format": "iri"}}, "properties": {"u": {"$ref": "#/$defs/d"}}},
-        "format",
+        {"$defs": {"d": {"not": {"pattern": "x"}}}, "properties": {"u": {"$ref": "#/$defs/d"}}},
+        "not",
         "#/$defs/d",
     ),
     ({"properties": {"a": {"if": {"type": "integer"}, "then": {}}}}, "if", "#/properties/a"),

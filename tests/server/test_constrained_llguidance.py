@@ -41,7 +41,7 @@ def test_generate_under_llguidance_matches_and_validates(ll_server: LiveServer) 
 
 
 def test_refused_keyword_is_a_400_naming_keyword_and_path(ll_server: LiveServer) -> None:
-    schema = {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}
+    schema = {"type": "object", "properties": {"a": {"not": {"pattern": "^x"}}}}
     sp = {"json_schema": json.dumps(schema), "max_new_tokens": 8}
     with httpx.Client(base_url=ll_server.url, timeout=60) as c:
         r = c.post("/generate", json={"text": "JSON:", "sampling_params": sp})
@@ -50,9 +50,10 @@ def test_refused_keyword_is_a_400_naming_keyword_and_path(ll_server: LiveServer)
 
 
 def test_chat_response_format_under_llguidance(ll_server: LiveServer) -> None:
-    """`minimum` (refused by the outlines pre-check) is honoured; `not` is a 400 naming it."""
+    """`minimum` (refused by the outlines pre-check) is honoured; a `not` with no exact
+    rewrite is a 400 naming it."""
     ok = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}
-    bad = {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}
+    bad = {"type": "object", "properties": {"a": {"not": {"pattern": "^x"}}}}
     body = {"model": "tiny", "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 2}
     body |= {"temperature": 0}
     with httpx.Client(base_url=ll_server.url, timeout=60) as c:

@@ -1,0 +1,153 @@
+"""Exact rewrites of the keywords llguidance cannot compile as written (schema_rewrite.py): each
+rewritten schema accepts exactly what `jsonschema` says the original accepts, through the real
+llguidance backend; negations are checked against `jsonschema` alone; what cannot be rewritten
+exactly is still refused by name."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+import stemma
+from stemma.runtime.constrained.schema_rewrite import rewrite_schema
+
+INT, STR = {"type": "integer"}, {"type": "string"}
+
+
+def _valid(schema: Any, value: Any) -> bool:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    return cls(schema).is_valid(value)
+
+
+# (schema, instances): every case has instances on both sides. Object instances list their
+# keys in the schema's order, the order llguidance emits them in.
+EXACT = [
+    (
+        {"type": "object", "properties": {"a": INT, "b": INT}, "dependencies": {"a": ["b"]}},
+        [{}, {"a": 1}, {"a": 1, "b": 2}, {"b": 2}],
+    ),
+    (
+        {"properties": {"a": INT, "c": INT}, "dependencies": {"a": {"required": ["c"]}}},
+        [{"a": 1}, {"a": 1, "c": 2}, {"c": 2}, 5],
+    ),
+    (
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "properties": {"a": INT, "b": INT},
+            "dependentRequired": {"b": ["a"]},
+        },
+        [{"b": 1}, {"a": 1, "b": 1}, {"a": 1}],
+    ),
+    (
+        {"type": "object", "properties": {"a": INT, "b": INT}, "not": {"required": ["a", "b"]}},
+        [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}],
+    ),
+    ({"not": {"type": "string"}}, ["x", 1, None, [1], {"k": 1}, True]),
+    ({"type": "string", "not": {"enum": ["ab", "a", "", "a]"]}}, ["ab", "a", "", "abc", "b", "a]"]),
+    ({"type": "integer", "not": {"const": 3}}, [2, 3, 4]),
+    ({"type": "number", "not": {"enum": [1, 2.5]}}, [1, 2.5, 1.5, 0, 3]),
+    ({"not": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, ["x", None, 1, False]),
+    ({"type": "string", "not": {"minLength": 3}}, ["ab", "abc", ""]),
+    ({"type": "array", "not": {"maxItems": 1}}, [[], [1], [1, 2]]),
+    ({"type": "number", "not": {"minimum": 2, "maximum": 5}}, [1, 2, 5, 6, 3.5]),
+    ({"not": {"properties": {"a": STR}, "required": ["a"]}}, [{"a": "x"}, {"a": 1}, {}, 3]),
+    ({"oneOf": [{"const": 1, "note": "one"}, {"const": 2}]}, [1, 2, 3]),
+    (
+        {
+            "type": "object",
+            "properties": {"a": INT, "b": INT, "c": INT},
+            "oneOf": [{"required": ["a"]}, {"required": ["b", "c"]}],
+        },
+        [{"a": 1}, {"b": 1, "c": 1}, {"a": 1, "b": 1, "c": 1}, {"a": 1, "b": 1}, {}],
+    ),
+    (
+        {
+            "oneOf": [
+                {"properties": {"kind": {"const": "x"}, "n": INT}, "required": ["kind"]},
+                {"properties": {"kind": {"const": "y"}, "s": STR}, "required": ["kind"]},
+            ]
+        },
+        [{"kind": "x", "n": 1}, {"kind": "y", "s": "t"}, {"kind": "z"}, {"kind": "x", "n": "1"}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"kind": STR, "n": INT},
+            "if": {"properties": {"kind": {"const": "num"}}},
+            "then": {"required": ["n"]},
+            "else": {"properties": {"n": False}},
+        },
+        [{"kind": "num", "n": 1}, {"kind": "num"}, {"kind": "str"}, {"kind": "str", "n": 1}],
+    ),
+    ({"type": "array", "maxItems": 1, "uniqueItems": True}, [[], [1], [1, 1]]),
+]
+
+
+@pytest.mark.parametrize(("schema", "instances"), EXACT, ids=lambda x: json.dumps(x)[:50])
+def test_rewrite_accepts_exactly_the_valid_instances(schema: Any, instances: list[Any]) -> None:
+    verdicts = [_valid(schema, v) for v in instances]
+    assert True in verdicts and False in verdicts  # both sides are exercised
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    for value, valid in zip(instances, verdicts):
+        assert c.accepts(json.dumps(value, separators=(",", ":"))) == valid, value
+
+
+NEGATABLE = [
+    {"type": ["string", "null"]},
+    {"enum": [True, None, "a"]},
+    {"const": False},
+    {"required": ["a"], "properties": {"a": {"enum": ["x", "y"]}}},
+    {"allOf": [{"minimum": 0}, {"exclusiveMaximum": 10}]},
+    {"anyOf": [{"maxLength": 1}, {"type": "array", "minItems": 2}]},
+    {"not": {"type": "number"}},
+    {"title": "only annotations", "x-vendor": 1},
+    {"$ref": "#/$defs/s", "$defs": {"s": {"type": "string", "minLength": 2}}},
+]
+VALUES = [None, True, False, 0, 1, 5, 10, -2.5, "", "a", "ab", "x", [], [1, 2], {}, {"a": "x"}]
+VALUES += [{"a": "z"}, {"b": 1}]
+
+
+@pytest.mark.parametrize("schema", NEGATABLE, ids=lambda x: json.dumps(x)[:40])
+def test_negation_is_the_complement(schema: Any) -> None:
+    negated, _ = rewrite_schema({**schema_defs(schema), "not": schema}, lambda _: True)
+    assert "not" not in negated
+    for value in VALUES:
+        assert _valid(negated, value) == (not _valid(schema, value)), value
+
+
+def schema_defs(schema: Any) -> dict[str, Any]:
+    """The $defs a $ref inside the negated schema points at, beside the `not`."""
+    return {"$defs": schema["$defs"]} if "$defs" in schema else {}
+
+
+STILL_REFUSED = [
+    ({"type": "string", "not": {"pattern": "^a"}}, "not", "#"),
+    ({"properties": {"n": {"oneOf": [INT, {"type": "number"}]}}}, "oneOf", "#/properties/n"),
+    ({"if": {"type": "integer"}, "then": {"minimum": 1}}, "if", "#"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems", "#"),
+    # exact, but past the growth bound: 10 branches of 3 required keys
+    (
+        {"oneOf": [{"required": [f"k{i}{j}" for j in range(3)]} for i in range(10)]},
+        "oneOf",
+        "#",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "keyword", "path"), STILL_REFUSED, ids=lambda x: str(x)[:30])
+def test_what_cannot_be_rewritten_exactly_is_refused_by_name(
+    schema: Any, keyword: str, path: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"keyword '{keyword}' at {path} ")):
+        stemma.Constraint(json_schema=schema, backend="llguidance")
+
+
+def test_an_unknown_format_is_an_annotation_and_says_so() -> None:
+    c = stemma.Constraint(json_schema={"type": "string", "format": "color"}, backend="llguidance")
+    assert c.accepts('"red"') and not c.accepts("1")
+    assert any("'color' at #" in w and "annotation" in w for w in c.warnings)
+    checked = stemma.Constraint(json_schema={"type": "string", "format": "date"})
+    assert not checked.accepts('"red"')  # a format llguidance knows is still checked
