@@ -132,6 +132,7 @@ def gen(
     json_schema: Any = None,
     choices: Sequence[str] | None = None,
     dtype: type | str | None = None,
+    ebnf: str | None = None,
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
@@ -144,21 +145,20 @@ def gen(
     """Generate text and capture it as `name` (a list of n texts when n > 1).
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model class),
-    `choices` or `dtype`. With `choices` this is `select(name, choices, temperature,
-    choices_method)`, as in SGLang: each choice is scored, none generated. `repetition_penalty`
-    and `seed` go past SGLang's gen: the runtime's fields of the same names. `dtype` int, float or
+    `choices`, `dtype` or `ebnf` (a GBNF grammar, SGLang's field; Lark also parses). With
+    `choices` this is `select(name, choices, temperature, choices_method)`, as in SGLang: each
+    choice is scored, none generated. `repetition_penalty` and `seed` go past SGLang's gen: the
+    runtime's fields of the same names. `dtype` int, float or
     bool (or their names) captures the value parsed to that type; str captures the generated
     quoted string as its raw text, quotes included (SGLang's behaviour). Unset options take the
     program-level defaults.
     """
     _check_name(name)
     if choices is not None:
-        given = {"regex": regex, "json_schema": json_schema, "dtype": dtype}
+        given = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "ebnf": ebnf}
         named = [key for key, value in given.items() if value is not None]
         if named:
-            raise ValueError(
-                f"gen takes at most one of regex/json_schema/choices/dtype, got {named}"
-            )
+            raise ValueError(f"gen takes at most one of {_CONSTRAINTS}, got {named}")
         method = token_length_normalized if choices_method is None else choices_method
         return select(name, choices, temperature or 0.0, method)
     if choices_method is not None:
@@ -180,8 +180,9 @@ def gen(
         ignore_eos=ignore_eos,
         n=n,
         seed=seed,
-        regex=_constraint_regex(regex, json_schema, dtype),
+        regex=_constraint_regex(regex, json_schema, dtype, ebnf),
         json_schema=None if json_schema is None else schema_to_json(json_schema),
+        ebnf=ebnf,
         return_logprob=return_logprob,
         logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num,
@@ -227,12 +228,15 @@ def select(
     return Select(name, list(choices), choices_method, check_param("temperature", temperature))
 
 
-def _constraint_regex(regex: str | None, json_schema: Any, dtype: Any) -> str | None:
-    """The regex the constraint implies (a JSON schema travels as itself); at most one given."""
-    given = {"regex": regex, "json_schema": json_schema, "dtype": dtype}
+_CONSTRAINTS = "regex/json_schema/choices/dtype/ebnf"
+
+
+def _constraint_regex(regex: str | None, json_schema: Any, dtype: Any, ebnf: Any) -> str | None:
+    """The regex the constraint implies (a schema or grammar travels as itself); at most one."""
+    given = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "ebnf": ebnf}
     named = [key for key, value in given.items() if value is not None]
     if len(named) > 1:
-        raise ValueError(f"gen takes at most one of regex/json_schema/choices/dtype, got {named}")
+        raise ValueError(f"gen takes at most one of {_CONSTRAINTS}, got {named}")
     if dtype is not None:
         return dtype_regex(dtype)
     return regex

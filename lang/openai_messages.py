@@ -81,6 +81,8 @@ def chat_body(
             }
         elif name == "regex":
             body.update(regex_fields(value, grammar))
+        elif name == "ebnf":
+            body.update(ebnf_fields(value, grammar))
         else:
             raise ValueError(f"gen({name}=...) cannot be expressed over the OpenAI chat API")
     return body
@@ -98,6 +100,18 @@ def regex_fields(pattern: str, grammar: str | None) -> dict[str, Any]:
     raise ValueError(
         "gen(regex=...) cannot be expressed over the plain OpenAI API (only response_format "
         "JSON schemas); use json_schema=..., or a server with a regex field (stemma, SGLang)"
+    )
+
+
+def ebnf_fields(grammar_text: str, grammar: str | None) -> dict[str, Any]:
+    """A GBNF grammar in the server's own field: `ebnf` (stemma, SGLang), `grammar` (llama.cpp)."""
+    if grammar == "regex":
+        return {"ebnf": grammar_text}
+    if grammar == "gbnf":
+        return {"grammar": grammar_text}
+    raise ValueError(
+        "gen(ebnf=...) cannot be expressed over the plain OpenAI API (only response_format "
+        "JSON schemas); use a server with a grammar field (stemma, SGLang, llama.cpp)"
     )
 
 

@@ -41,6 +41,7 @@ class SamplingParams:
     seed: int | None = None
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None
     return_logprob: bool | None = None
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None

@@ -69,10 +69,12 @@ class ConstraintMatcher:
 
 
 class Constraint:
-    """Exactly one of json_schema (dict, JSON text or pydantic model), regex or choices.
+    """Exactly one of json_schema (dict, JSON text or pydantic model), regex, choices or ebnf
+    (a GBNF or Lark grammar).
 
     ValueError names what the backend cannot honour (a keyword and its schema path), or the
-    limit a compile ran past. backend: "outlines" | "llguidance" (None: the default)."""
+    limit a compile ran past. backend: "outlines" | "llguidance" (None: the default; an ebnf
+    grammar defaults to llguidance, the backend that takes it)."""
 
     def __init__(
         self,
@@ -80,14 +82,16 @@ class Constraint:
         regex: str | None = None,
         choices: list[str] | None = None,
         *,
+        ebnf: str | None = None,
         model: str = "smollm2-135m",
         backend: str | None = None,
         strict: bool = True,
         timeout_s: float = 20.0,
     ) -> None:
-        self.backend = check_backend(backend or DEFAULT_GRAMMAR_BACKEND)
+        default = "llguidance" if ebnf is not None else DEFAULT_GRAMMAR_BACKEND
+        self.backend = check_backend(backend or default)
         self.spec = ConstraintSpec.create(
-            regex=regex, json_schema=json_schema, choices=choices, strict=strict
+            regex=regex, json_schema=json_schema, choices=choices, strict=strict, ebnf=ebnf
         )
         self.tokenizer, service = _service(model, self.backend, timeout_s)
         check_spec(self.backend, self.spec)

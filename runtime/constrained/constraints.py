@@ -52,14 +52,18 @@ class Constraints:
 
     def submit(self, params: SamplingParams) -> GrammarHandleLike | None:
         """Start compiling params' constraint; None if it has none. ValueError on bad input."""
-        if params.ebnf is not None or params.structural_tag is not None:
+        if params.structural_tag is not None:
             raise ValueError(
-                "ebnf and structural_tag constraints are not supported; use regex or json_schema"
+                "structural_tag constraints are not supported; use regex, json_schema or ebnf"
             )
-        if params.regex is None and params.json_schema is None:
+        if params.regex is None and params.json_schema is None and params.ebnf is None:
             return None
-        spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema)
-        backend = params.grammar_backend or self.backend
+        spec = ConstraintSpec.create(
+            regex=params.regex, json_schema=params.json_schema, ebnf=params.ebnf
+        )
+        # A grammar only llguidance takes goes there unless the request names a backend.
+        default = "llguidance" if params.ebnf is not None else self.backend
+        backend = params.grammar_backend or default
         check_spec(backend, spec)  # unsupported features and schema keywords, by name
         return self.service_for(backend).submit(spec)
 

@@ -42,6 +42,8 @@ def grammar_text(spec: Any) -> tuple[str, list[str]]:
         return LLMatcher.grammar_from_regex(choices_regex(spec.choices)), []
     if spec.dtype is not None:
         return LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), []
+    if spec.ebnf is not None:
+        return ebnf_grammar(spec.ebnf), []
     options: dict[str, Any] = dict(_COMPACT)
     if spec.whitespace is not None:
         options = {"whitespace_flexible": False, "whitespace_pattern": spec.whitespace}
@@ -49,6 +51,17 @@ def grammar_text(spec: Any) -> tuple[str, list[str]]:
         options |= {"lenient": True, "coerce_one_of": True}
     schema, notes = rewrite_schema(json.loads(spec.json_schema), known_format)
     return LLMatcher.grammar_from_json_schema(schema, overrides=options), notes
+
+
+def ebnf_grammar(text: str) -> str:
+    """A GBNF grammar (llama.cpp's dialect, `root ::= ...`) or a Lark one (`start: ...`) as an
+    llguidance grammar; ValueError says where the text does not parse."""
+    from llguidance import grammar_from
+
+    try:
+        return grammar_from("ebnf", text)
+    except ValueError as err:
+        raise ValueError(f"invalid ebnf grammar: {err}") from None
 
 
 @lru_cache(maxsize=256)
@@ -65,7 +78,7 @@ def refusal(spec: Any, error: str) -> str:
     """llguidance's compile error, with the schema keyword and its path where one is named."""
     first = error.strip().splitlines()[0] if error.strip() else "unknown error"
     if spec.json_schema is None:
-        kind = "regex" if spec.regex is not None else "constraint"
+        kind = "regex" if spec.regex is not None else "ebnf" if spec.ebnf else "constraint"
         return f"{kind} not supported by llguidance: {first}"
     schema = json.loads(spec.json_schema)
     keywords, value = _named_keywords(first)

@@ -1,10 +1,11 @@
 """A request's output constraint, reduced to one validated regex in outlines-core's dialect.
 
 Front doors: `regex`, `json_schema` (dict, JSON string or pydantic model class), `choices`,
-`dtype`. Anything outlines-core would reject opaquely or silently mis-handle is reported by
-name up front: unsupported regex features always raise ValueError (regex_check.py); JSON-schema
-keywords that outlines-core ignores (schema_check.py) raise too when `strict` (the default), or
-become warnings otherwise. The dtype regexes and schema serialization come from lang.
+`dtype`, `ebnf` (a GBNF / Lark grammar: the llguidance backend only). Anything outlines-core
+would reject opaquely or silently mis-handle is reported by name up front: unsupported regex
+features always raise ValueError (regex_check.py); JSON-schema keywords that outlines-core
+ignores (schema_check.py) raise too when `strict` (the default), or become warnings otherwise.
+The dtype regexes and schema serialization come from lang.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ class ConstraintSpec:
     dtype: str | None = None  # "int" | "float" | "bool" | "str"
     whitespace: str | None = None  # JSON whitespace pattern; None = compact (no whitespace)
     strict: bool = True  # False: ignored schema keywords become warnings instead of errors
+    ebnf: str | None = None  # GBNF (llama.cpp's dialect, as SGLang takes it) or Lark
 
     def __post_init__(self) -> None:
-        given = [n for n in ("regex", "json_schema", "choices", "dtype") if getattr(self, n)]
+        names = ("regex", "json_schema", "choices", "dtype", "ebnf")
+        given = [n for n in names if getattr(self, n)]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of regex/json_schema/choices/dtype, got {given}")
+            raise ValueError(f"give exactly one of {'/'.join(names)}, got {given}")
         if self.dtype is not None and self.dtype not in DTYPE_REGEX:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_REGEX)}, got {self.dtype!r}")
 
@@ -49,6 +52,7 @@ class ConstraintSpec:
         dtype: Any = None,
         whitespace: str | None = None,
         strict: bool = True,
+        ebnf: str | None = None,
     ) -> ConstraintSpec:
         """Normalize the front-door arguments (schema objects to JSON, types to dtype names)."""
         if choices is not None:
@@ -58,12 +62,12 @@ class ConstraintSpec:
         if isinstance(dtype, type):
             dtype = dtype.__name__
         schema = None if json_schema is None else schema_to_json(json_schema)
-        return cls(regex, schema, choices, dtype, whitespace, strict)
+        return cls(regex, schema, choices, dtype, whitespace, strict, ebnf)
 
     @property
     def key(self) -> str:
         fields = [self.regex, self.json_schema, self.choices, self.dtype, self.whitespace]
-        blob = json.dumps([*fields, self.strict], ensure_ascii=False)
+        blob = json.dumps([*fields, self.strict, self.ebnf], ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -83,6 +87,11 @@ def resolve(spec: ConstraintSpec) -> ResolvedConstraint:
         return ResolvedConstraint(choices_regex(spec.choices))
     if spec.dtype is not None:
         return ResolvedConstraint(DTYPE_REGEX[spec.dtype])
+    if spec.ebnf is not None:
+        raise ValueError(
+            "ebnf grammars need the llguidance grammar backend (sampling_params.grammar_backend "
+            "or --grammar-backend llguidance); the outlines backend takes regex and json_schema"
+        )
     from outlines_core.json_schema import build_regex_from_schema
 
     assert spec.json_schema is not None

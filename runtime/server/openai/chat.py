@@ -18,11 +18,10 @@ from .tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_pr
 
 
 def grammar_extras(body: SamplingFields, limits: EngineConfig) -> dict[str, Any]:
-    """stemma's regex / json_schema extras, checked for the engine's grammar backend (off the
-    event loop: it builds them)."""
-    grammar = {
-        k: v for k, v in (("regex", body.regex), ("json_schema", body.json_schema)) if v is not None
-    }
+    """stemma's regex / json_schema / ebnf extras, checked for the engine's grammar backend
+    (off the event loop: it builds them)."""
+    fields = (("regex", body.regex), ("json_schema", body.json_schema), ("ebnf", body.ebnf))
+    grammar = {k: v for k, v in fields if v is not None}
     check_constraints(grammar, limits, "", limits.grammar_backend)
     return grammar
 

@@ -51,6 +51,7 @@ class SamplingFields(BaseModel):
     no_stop_trim: bool | None = None
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None  # SGLang's: a GBNF grammar
     cache_salt: str | None = None  # vLLM's: prefix cache shared only with the same salt
 
 
