@@ -149,3 +149,43 @@ def test_a_held_text_that_is_no_call_is_sent_at_the_end():
     assert len(stream.deltas(chunk("{not json", 2))) == 1  # only the role delta
     [last] = stream.deltas(chunk("{not json}", 3, {"type": "length", "length": 3}))
     assert last["delta"] == {"content": "{not json}"} and last["finish_reason"] == "length"
+
+
+def _auto_grammar(parallel: bool = True):
+    import stemma
+    from stemma.runtime.server.openai.tools import auto_call_grammar
+
+    return stemma.Constraint(ebnf=auto_call_grammar(plan_tools(request()), parallel))
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        ("It is sunny in Paris.", True),
+        ("", True),
+        ("Use <b>bold</b> or a {placeholder}.", True),
+        ('{"name":"get_weather","arguments":{"city":"Paris","days":2}}', True),
+        ('\n<tool_call>{"name":"get_time","parameters":{}}</tool_call>', True),
+        (
+            '[{"name":"get_time","arguments":{}},{"name":"get_weather","arguments":{"city":"x"}}]',
+            True,
+        ),
+        ('{"name":"get_weather","arguments":{"days":2}}', False),  # city is required
+        ('{"name":"get_weather","arguments":{"city":"P","days":"2"}}', False),
+        ('{"name":"get_news","arguments":{}}', False),  # not an offered tool
+        ('{"name":"get_time","arguments":{}} and more', False),  # a call ends the reply
+        (' {"city": "Paris"}', False),  # opens a call that is none
+        ("[1, 2]", False),
+    ],
+)
+def test_auto_grammar_makes_every_begun_call_parse(text, accepted):
+    c = _auto_grammar()
+    assert c.accepts(text) == accepted
+    if accepted and text.strip()[:1] in ("{", "[", "<"):
+        assert parse_tool_calls(text, NAMES) is not None
+
+
+def test_auto_grammar_without_parallel_calls_takes_one_call_only():
+    c = _auto_grammar(parallel=False)
+    assert c.accepts('{"name":"get_time","arguments":{}}')
+    assert not c.accepts('[{"name":"get_time","arguments":{}}]')

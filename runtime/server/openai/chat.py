@@ -1,6 +1,7 @@
 """Chat requests to engine inputs: messages through the model's chat template (with the tool
 prompt when tools are offered), and the one constraint a chat request decodes under
-(stemma's regex / json_schema extras, response_format, or a forced tool call's schema).
+(stemma's regex / json_schema / ebnf extras, response_format, a forced tool call's schema, or
+the grammar of a reply that may call a tool).
 """
 
 from __future__ import annotations
@@ -10,11 +11,19 @@ from typing import Any
 import jinja2
 
 from ...config import EngineConfig
+from ...constrained.backend import check_spec
+from ...constrained.spec import ConstraintSpec
 from ..errors import APIError
 from ..native import check_constraints, check_json_schema
 from ..state import ServerState
 from .protocol import ChatCompletionRequest, ChatMessage, SamplingFields
-from .tools import ToolPlan, render_tool_calls, tool_call_schema, tool_system_prompt
+from .tools import (
+    ToolPlan,
+    auto_call_grammar,
+    render_tool_calls,
+    tool_call_schema,
+    tool_system_prompt,
+)
 
 
 def grammar_extras(body: SamplingFields, limits: EngineConfig) -> dict[str, Any]:
@@ -118,7 +127,21 @@ def chat_grammar(
                 param = f"tools[{i}].function.parameters"
                 check_json_schema(tool.function.parameters, param, limits)
         grammar = {"json_schema": tool_call_schema(plan)}  # its bounds: the engine's parser
+    if plan.mode == "auto" and not grammar:
+        grammar = _auto_grammar(plan, body.parallel_tool_calls is not False)
     return grammar
+
+
+def _auto_grammar(plan: ToolPlan, parallel: bool) -> dict[str, Any]:
+    """A call, once begun, parses (llguidance); where a tool's parameters hold a keyword the
+    grammar backend refuses, the reply stays free text, read as a call afterwards if it is one
+    (tool_choice "required" or a named tool refuses such parameters with a 400 instead)."""
+    spec = ConstraintSpec.create(ebnf=auto_call_grammar(plan, parallel))
+    try:
+        check_spec("llguidance", spec)
+    except ValueError:
+        return {}
+    return {"ebnf": spec.ebnf}
 
 
 def chat_max_tokens(body: ChatCompletionRequest) -> tuple[int | None, str]:

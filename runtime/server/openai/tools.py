@@ -9,7 +9,10 @@ The model is asked to answer a call as one JSON object `{"name": ..., "arguments
   when its text, whitespace-trimmed and with one optional `<tool_call>...</tool_call>` wrapper
   or ``` fence removed, parses as a JSON object {"name": N, "arguments": A} or a non-empty list
   of them, where every N names an offered tool and every A is an object (or JSON text of one;
-  "parameters" is accepted for "arguments"). Anything else is plain content.
+  "parameters" is accepted for "arguments"). Anything else is plain content. It is generated
+  under `auto_call_grammar`: a reply that opens a call (`{`, `[` or `<tool_call>`, after any
+  whitespace) must be one, valid for an offered tool's parameters, and end there; any other
+  reply is free text. A list of calls only with parallel_tool_calls (OpenAI's default: on).
 - tool_choice "none": the tools are not offered; the completion is content.
 """
 
@@ -97,6 +100,38 @@ def tool_call_schema(plan: ToolPlan) -> dict[str, Any]:
         if plan.forced_name in (None, t.function.name)
     ]
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def auto_call_grammar(plan: ToolPlan, parallel: bool) -> str:
+    """The Lark grammar (llguidance's dialect) of a reply under tool_choice "auto": free text
+    that does not open a call, or a call that parses under the rule above."""
+    one = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.function.name}, key: params},
+            "required": ["name", key],
+            "additionalProperties": False,
+        }
+        for t in plan.tools
+        for params in [t.function.parameters or _EMPTY_PARAMS]
+        for key in ("arguments", "parameters")
+    ]
+    calls: dict[str, Any] = {"anyOf": one}
+    if parallel:
+        calls = {"anyOf": [*one, {"type": "array", "items": {"anyOf": one}, "minItems": 1}]}
+    return "\n".join(
+        [
+            "%llguidance {}",
+            "start: call | TEXT",
+            'call: WS? calls | OPEN calls WS? "</tool_call>"',
+            f"calls: %json {json.dumps(calls, ensure_ascii=False)}",
+            r"WS: /[ \t\n\r]+/",
+            # one lexeme with its whitespace: the lexer takes the longest match, and TEXT
+            # would outlast a separate WS while "<tool_call" is still to come
+            r"OPEN: /[ \t\n\r]*<tool_call>[ \t\n\r]*/",
+            r"TEXT: /(.|\n)*/ & ~/[ \t\n\r]*([{\[]|<tool_call>)(.|\n)*/",
+        ]
+    )
 
 
 def parse_tool_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
