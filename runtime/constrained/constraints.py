@@ -13,6 +13,7 @@ from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer
 from .backend import GrammarBackend, GrammarHandleLike, check_backend, check_spec, create_backend
 from .spec import ConstraintSpec
+from .structural_tag import structural_tag_grammar
 from .vocabulary import CompileLimits
 
 
@@ -52,17 +53,14 @@ class Constraints:
 
     def submit(self, params: SamplingParams) -> GrammarHandleLike | None:
         """Start compiling params' constraint; None if it has none. ValueError on bad input."""
+        ebnf = params.ebnf
         if params.structural_tag is not None:
-            raise ValueError(
-                "structural_tag constraints are not supported; use regex, json_schema or ebnf"
-            )
-        if params.regex is None and params.json_schema is None and params.ebnf is None:
+            ebnf = structural_tag_grammar(params.structural_tag)
+        if params.regex is None and params.json_schema is None and ebnf is None:
             return None
-        spec = ConstraintSpec.create(
-            regex=params.regex, json_schema=params.json_schema, ebnf=params.ebnf
-        )
+        spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema, ebnf=ebnf)
         # A grammar only llguidance takes goes there unless the request names a backend.
-        default = "llguidance" if params.ebnf is not None else self.backend
+        default = "llguidance" if ebnf is not None else self.backend
         backend = params.grammar_backend or default
         check_spec(backend, spec)  # unsupported features and schema keywords, by name
         return self.service_for(backend).submit(spec)

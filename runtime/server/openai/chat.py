@@ -6,6 +6,7 @@ the grammar of a reply that may call a tool).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jinja2
@@ -13,10 +14,11 @@ import jinja2
 from ...config import EngineConfig
 from ...constrained.backend import check_spec
 from ...constrained.spec import ConstraintSpec
+from ...constrained.structural_tag import structural_tag_grammar
 from ..errors import APIError
 from ..native import check_constraints, check_json_schema
 from ..state import ServerState
-from .protocol import ChatCompletionRequest, ChatMessage, SamplingFields
+from .protocol import ChatCompletionRequest, ChatMessage, ResponseFormat, SamplingFields
 from .tools import (
     ToolPlan,
     auto_call_grammar,
@@ -95,25 +97,7 @@ def chat_grammar(
                 "response_format cannot be combined with regex / json_schema",
                 "response_format",
             )
-        if fmt.type == "json_schema" and fmt.json_schema is None:
-            raise APIError(
-                400,
-                "response_format json_schema needs a 'json_schema' object",
-                "response_format.json_schema",
-            )
-        schema = (
-            {"type": "object"}
-            if fmt.type == "json_object"
-            else (
-                fmt.json_schema.schema_
-                if fmt.json_schema and fmt.json_schema.schema_ is not None
-                else {"type": "object"}
-            )
-        )
-        check_constraints(
-            {"json_schema": schema}, limits, "response_format.", limits.grammar_backend
-        )
-        grammar = {"json_schema": schema}
+        grammar = _format_grammar(fmt, limits)
     if plan.mode == "forced":
         if grammar:
             raise APIError(
@@ -130,6 +114,30 @@ def chat_grammar(
     if plan.mode == "auto" and not grammar:
         grammar = _auto_grammar(plan, body.parallel_tool_calls is not False)
     return grammar
+
+
+def _format_grammar(fmt: ResponseFormat, limits: EngineConfig) -> dict[str, Any]:
+    """The constraint of a response_format other than text."""
+    if fmt.type == "structural_tag":
+        tag = {"structures": fmt.structures, "triggers": fmt.triggers}
+        try:
+            structural_tag_grammar(tag)
+        except ValueError as e:
+            raise APIError(400, f"response_format: {e}", "response_format") from None
+        return {"structural_tag": json.dumps(tag)}
+    if fmt.type == "json_schema" and fmt.json_schema is None:
+        raise APIError(
+            400,
+            "response_format json_schema needs a 'json_schema' object",
+            "response_format.json_schema",
+        )
+    schema = (
+        fmt.json_schema.schema_
+        if fmt.type == "json_schema" and fmt.json_schema and fmt.json_schema.schema_ is not None
+        else {"type": "object"}
+    )
+    check_constraints({"json_schema": schema}, limits, "response_format.", limits.grammar_backend)
+    return {"json_schema": schema}
 
 
 def _auto_grammar(plan: ToolPlan, parallel: bool) -> dict[str, Any]:

@@ -131,8 +131,11 @@ class JsonSchemaFormat(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = STRICT
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # SGLang's structural_tag: tagged structures in free text (constrained/structural_tag.py)
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
