@@ -21,7 +21,7 @@ import statistics
 import time
 from typing import Any
 
-from ..runtime import output_processor
+from ..runtime.scheduler import output_processor
 from ..runtime.engine import Engine
 from .common import append_results, print_table
 

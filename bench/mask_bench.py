@@ -1,0 +1,195 @@
+"""Grammar mask time per request per step, and what a constraint adds to an engine step.
+
+    python -m stemma.bench.mask_bench --data ../shared/data/jsonschemabench/sample.jsonl
+
+masks: for each grammar backend, real-world schemas (the JSONSchemaBench sample, those the
+  backend compiles and that have a valid instance) are walked along their valid instance's
+  tokens, as decoding would walk them; every step fills the bitmask rows of the batch with the
+  engine's own `fill_bitmask` and accepts one token per row. Batch 1 walks one schema at a
+  time; batch 64 walks 64 requests (the schemas in turn) in lockstep. Reported: p50 / p99 of
+  the time per request per step (a batch step's time over its active rows) at SmolLM2's
+  49,152-token vocabulary.
+step: the same 32 prompts decoded for 64 tokens, constrained (a JSON array of tool calls that
+  cannot close within 64 tokens, so both runs do the same steps) and unconstrained with
+  ignore_eos; interleaved rounds, the ratio of step times (median over rounds).
+Results: a table and JSON lines in bench/results/mask_bench.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import append_results, interleaved_times, paired_speedup, print_table
+
+MODEL = "smollm2-135m"
+# An array of tool calls with at least 100 items: no output closes it within the step bench.
+LONG_SCHEMA = {
+    "type": "array",
+    "minItems": 100,
+    "items": {
+        "type": "object",
+        "properties": {
+            "name": {"enum": ["get_weather", "get_time", "search_web"]},
+            "arguments": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+        "required": ["name", "arguments"],
+    },
+}
+
+
+def walks(
+    backend: str, tokenizer: Any, rows: list[dict[str, Any]], limit: int
+) -> list[tuple[Any, list[int]]]:
+    """(compiled handle, valid instance's token ids) for up to `limit` schemas."""
+    from ..runtime.constrained.backend import create_backend
+    from ..runtime.constrained.spec import ConstraintSpec
+    from ..runtime.constrained.vocabulary import CompileLimits
+
+    service = create_backend(backend, tokenizer, limits=CompileLimits(timeout_s=10.0))
+    out = []
+    for row in rows:
+        valid = [t["data"] for t in row["tests"] if t["valid"]]
+        if not valid:
+            continue
+        handle = service.submit(ConstraintSpec.create(json_schema=row["schema"]))
+        if not handle.wait(30) or handle.error is not None:
+            continue
+        text = json.dumps(valid[0], separators=(",", ":"), ensure_ascii=False)
+        ids = tokenizer.encode(text)
+        matcher = handle.matcher()
+        if all(_accept(matcher, t) for t in ids):  # the backend takes the instance whole
+            out.append((handle, ids))
+        if len(out) == limit:
+            break
+    return out
+
+
+def _accept(matcher: Any, token: int) -> bool:
+    if not matcher.allows(token):
+        return False
+    matcher.accept_token(token)
+    return True
+
+
+def step_times(walk_set: list[tuple[Any, list[int]]], batch: int, vocab: int) -> list[float]:
+    """Seconds per request per step over every step of every batch."""
+    from ..runtime.constrained.matcher import fill_bitmask
+
+    per_request: list[float] = []
+    for start in range(0, len(walk_set), batch) if batch == 1 else [0]:
+        chosen = [walk_set[(start + i) % len(walk_set)] for i in range(batch)]
+        matchers = [h.matcher() for h, _ in chosen]
+        out = None
+        for pos in range(max(len(ids) for _, ids in chosen)):
+            live = [m if pos < len(ids) else None for m, (_, ids) in zip(matchers, chosen)]
+            t = time.perf_counter()
+            out = fill_bitmask(live, vocab, out)
+            per_request.append((time.perf_counter() - t) / sum(m is not None for m in live))
+            for m, (_, ids) in zip(matchers, chosen):
+                if pos < len(ids):
+                    m.accept_token(ids[pos])
+    return per_request
+
+
+def bench_masks(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from ..runtime.models.loader import resolve_checkpoint
+    from ..runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(resolve_checkpoint(MODEL))
+    rows = [json.loads(line) for line in args.data.open()]
+    results = []
+    for backend in args.backends.split(","):
+        walk_set = walks(backend, tokenizer, rows, args.schemas)
+        for batch in (1, 64):
+            ts = sorted(step_times(walk_set, batch, tokenizer.vocab_size))
+            results.append(
+                {
+                    "bench": "masks",
+                    "backend": backend,
+                    "batch": batch,
+                    "schemas": len(walk_set),
+                    "steps": len(ts),
+                    "p50_ms": round(1e3 * ts[len(ts) // 2], 4),
+                    "p99_ms": round(1e3 * ts[min(len(ts) - 1, int(0.99 * len(ts)))], 4),
+                }
+            )
+    return results
+
+
+def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from ..runtime.engine import Engine
+
+    results = []
+    # jump-forward off: both runs then do exactly the same 64 decode steps
+    engine_args = {"grammar_backend": args.step_backend, "enable_jump_forward": False}
+    with Engine(MODEL, dtype=args.dtype, **engine_args) as engine:
+        texts = [
+            engine.apply_chat_template([{"role": "user", "content": f"List tool calls, case {i}."}])
+            for i in range(32)
+        ]
+        plain = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+        constrained = {"max_new_tokens": 64, "temperature": 0, "json_schema": LONG_SCHEMA}
+        counts: dict[str, list[int]] = {"plain": [], "constrained": []}
+
+        def run(name: str, params: dict[str, Any]) -> None:
+            engine.flush_cache()
+            outs = engine.generate(texts, params)
+            counts[name].append(sum(o["meta_info"]["completion_tokens"] for o in outs))
+
+        run("constrained", constrained)  # compiles the schema once, before the clock
+        counts["constrained"].clear()
+        fns = {
+            "plain": lambda: run("plain", plain),
+            "constrained": lambda: run("constrained", constrained),
+        }
+        times = interleaved_times(fns, args.rounds)
+    assert counts["plain"] == counts["constrained"], counts  # the same steps on both sides
+    results.append(
+        {
+            "bench": "step",
+            "backend": args.step_backend,
+            "batch": 32,
+            "tokens_per_run": counts["plain"][0],
+            "plain_s": round(statistics.median(times["plain"]), 3),
+            "constrained_s": round(statistics.median(times["constrained"]), 3),
+            # median over rounds of constrained / plain seconds
+            "constrained_over_plain": round(
+                paired_speedup(times["constrained"], times["plain"]), 4
+            ),
+        }
+    )
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--data", type=Path, required=True, help="MaskBench-style JSONL")
+    ap.add_argument("--backends", default="llguidance,outlines")
+    ap.add_argument("--schemas", type=int, default=40, help="schemas walked per backend")
+    ap.add_argument("--step-backend", default="llguidance")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args(argv)
+    masks = bench_masks(args)
+    print_table(masks, ["backend", "batch", "schemas", "steps", "p50_ms", "p99_ms"])
+    step = bench_step(args)
+    columns = ["backend", "batch", "tokens_per_run", "plain_s", "constrained_s"]
+    print_table(step, [*columns, "constrained_over_plain"])
+    if not args.no_record:
+        append_results("mask_bench", masks + step, data=args.data.name)
+
+
+if __name__ == "__main__":
+    main()
