@@ -21,8 +21,8 @@ import statistics
 import time
 from typing import Any
 
-from ..runtime.scheduler import output_processor
 from ..runtime.engine import Engine
+from ..runtime.scheduler import output_processor
 from .common import append_results, print_table
 
 TOOL_SCHEMA = {

@@ -180,6 +180,8 @@ SAMPLING_PARAMS: dict[str, Param] = dict(
             "grammar_backend", as_str, GRAMMAR_BACKENDS.__contains__, "'outlines' or 'llguidance'"
         ),
         _row("stream_interval", as_int, lambda v: v >= 1, ">= 1 or null"),
+        # stemma's: end a constrained output valid within max_new_tokens (on for json_schema)
+        _row("close_early", as_bool),
     ]
 )
 

@@ -77,7 +77,7 @@ class ResponseBuilder:
 
     @staticmethod
     def meta(req: Req) -> dict[str, Any]:
-        return {
+        meta = {
             "id": req.rid,
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(req.output_ids),
@@ -85,3 +85,6 @@ class ResponseBuilder:
             "finish_reason": req.finish.to_dict() if req.finish else None,
             "e2e_latency": time.monotonic() - req.arrival_time,
         }
+        if req.finish is not None and req.finish.closed_early:
+            meta["closed_early"] = True  # constrained/closing.py: valid, ended at the budget
+        return meta

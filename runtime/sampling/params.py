@@ -46,6 +46,12 @@ class SamplingParams:
     custom_params: dict[str, Any] | None = None  # accepted and carried; no meaning in stemma
     grammar_backend: str | None = None  # this request's; None: the engine's --grammar-backend
     stream_interval: int | None = None
+    close_early: bool | None = None  # constrained/closing.py; None: on for json_schema
+
+    @property
+    def closes_early(self) -> bool:
+        """Whether a constrained output ends valid within max_new_tokens (early closing)."""
+        return self.close_early if self.close_early is not None else self.json_schema is not None
 
     def __post_init__(self) -> None:
         # Every field is a row of lang/sampling_table.py, the table lang's gen checks too.

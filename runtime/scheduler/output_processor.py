@@ -13,9 +13,11 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ..constrained.closing import ClosingMatcher, ClosingTokens
 from ..constrained.matcher import fill_bitmask
 from ..executor.forward_batch import ForwardBatch
 from ..executor.model_runner import ModelRunner
@@ -45,6 +47,16 @@ class OutputProcessor:
         self.context_len = context_len
         self.eos_ids = tokenizer.eos_token_ids
         self.jump_forward = jump_forward
+        self._closing_tokens: ClosingTokens | None = None  # built on first use
+
+    def matcher_for(self, req: Req, matcher: Any) -> Any:
+        """The request's constraint matcher, with early closing where its params ask for it."""
+        if not req.params.closes_early:
+            return matcher
+        if self._closing_tokens is None:
+            self._closing_tokens = ClosingTokens.from_tokenizer(self.tokenizer)
+        budget = req.params.max_new_tokens
+        return ClosingMatcher(matcher, budget, self._closing_tokens, self.tokenizer)
 
     # ---- before the forward ---------------------------------------------------------------
     def build_forward(
@@ -111,6 +123,7 @@ class OutputProcessor:
                     if req.finish is None and self.jump_forward:
                         make_draft(req, self.tokenizer, self.context_len)
             if req.finish is not None:
+                mark_closed_early(req)
                 done.append(req)
         return done
 
@@ -243,6 +256,13 @@ class OutputProcessor:
             assert spec is not None, "only requests with stops have a matcher"
             req.stop = spec.matcher(self.tokenizer)
         return req.stop
+
+
+def mark_closed_early(req: Req) -> None:
+    """A constrained output that early closing completed ends as a length finish, flagged."""
+    if req.finish is not None and req.finish.kind == "stop":
+        if isinstance(req.grammar, ClosingMatcher) and req.grammar.closed_early:
+            req.finish = FinishReason("length", length=len(req.output_ids), closed_early=True)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ class FinishReason:
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    closed_early: bool = False  # a length finish whose output early closing completed
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "stop":

@@ -126,7 +126,7 @@ class Scheduler:
             req.finish = FinishReason("abort", message=f"constraint: {handle.error}")
             self.rejected.append(req)
             return False
-        req.grammar = handle.matcher()
+        req.grammar = self.outputs.matcher_for(req, handle.matcher())
         return True
 
     def extend_len(self, req: Req, budget: int) -> int:

@@ -52,6 +52,7 @@ class SamplingFields(BaseModel):
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
     ebnf: str | None = None  # SGLang's: a GBNF grammar
+    close_early: bool | None = None  # stemma's: end valid within max_tokens (on for schemas)
     cache_salt: str | None = None  # vLLM's: prefix cache shared only with the same salt
 
 

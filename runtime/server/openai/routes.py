@@ -85,6 +85,7 @@ def _sampling(body: SamplingFields, max_new_tokens: int, grammar: dict[str, Any]
         "ignore_eos": body.ignore_eos,
         "skip_special_tokens": body.skip_special_tokens,
         "no_stop_trim": body.no_stop_trim,
+        "close_early": body.close_early,
         **grammar,
     }
     return {k: v for k, v in sp.items() if v is not None}

@@ -1,0 +1,230 @@
+"""Early closing: when a constrained request's token budget only just suffices to finish its
+constraint, the rest of its output is the shortest completion found, so it ends valid within
+max_new_tokens instead of being cut inside a string or an array.
+
+`ClosingMatcher` wraps a request's matcher. While at most WINDOW tokens of the budget remain,
+each mask first looks for a short completion from the current state (`closing_path`: a
+depth-first search over closing tokens and one-character ones, taking the grammar's forced
+text whole, trying first the tokens that leave the fewest strings, arrays and objects open —
+`Nesting`, a JSON-text measure — and the closing tokens before the others). Once that
+completion is within MARGIN tokens of the budget, the mask allows only its next token, then
+only EOS. Before that it is the inner matcher unchanged: exact until it triggers. MARGIN
+covers one token that lengthens the completion by several (a token that opens an object with
+required keys); a token that lengthens it by more can still leave the output cut, as it would
+be without early closing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+    from .backend import GrammarMatcher
+
+WINDOW = 64  # remaining tokens below which completions are searched for
+MARGIN = 8  # how far ahead of the budget a found completion is taken
+MAX_SEARCH_TOKENS = 256  # tokens one search may try (accept + roll back)
+# Tried first, in this order: closers, then separators and the shortest JSON values.
+_CLOSING_TEXTS = ['"}', '"]', "}}", "]}", "}]", "]]", '"', "}", "]", ",", "0", '""', "null"]
+_CLOSING_TEXTS += ["false", "true", "[]", "{}", ":", "1", "a", "e", "x", "-", "."]
+_NUM_FALLBACK = 3  # shortest allowed tokens tried where no closing token is allowed
+
+
+@dataclass(slots=True, frozen=True)
+class Nesting:
+    """How much of a JSON text is still open: containers, and whether inside a string."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+
+    def feed(self, text: str) -> Nesting:
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        for ch in text:
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch in "[{":
+                depth += 1
+            elif ch in "]}":
+                depth = max(depth - 1, 0)
+        return Nesting(depth, in_string, escaped)
+
+    @property
+    def open(self) -> int:
+        return self.depth + self.in_string + self.escaped
+
+
+@dataclass(slots=True, frozen=True)
+class ClosingTokens:
+    """The model's ids for the closing texts and its one-character tokens, with their text."""
+
+    closing: tuple[int, ...]
+    short: tuple[int, ...]
+    texts: dict[int, str]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> ClosingTokens:
+        closing = []
+        for text in _CLOSING_TEXTS:
+            ids = tokenizer.encode(text)
+            if len(ids) == 1 and ids[0] not in closing:
+                closing.append(ids[0])
+        texts = {t: tokenizer.decode([t]) for t in range(tokenizer.vocab_size)}
+        short = [t for t, text in texts.items() if t not in closing and len(text) == 1]
+        kept = {t: texts[t] for t in (*closing, *short)}
+        return cls(tuple(closing), tuple(short), kept)
+
+
+def closing_path(
+    m: GrammarMatcher,
+    limit: int,
+    tokens: ClosingTokens,
+    tokenizer: Tokenizer,
+    nesting: Nesting | None = None,
+) -> list[int] | None:
+    """A completion of at most `limit` tokens that makes `m` final, or None; `m` is left as
+    it was (each token tried is accepted, then rolled back). nesting: of the text so far."""
+    path: list[int] = []
+    budget = [MAX_SEARCH_TOKENS]
+
+    def search(at: Nesting) -> bool:
+        if m.is_final():
+            return True
+        if len(path) >= limit or budget[0] <= 0:
+            return False
+        forced = m.jump_forward(tokenizer, stop_before_merge=True)
+        if forced:
+            path.extend(forced)
+            budget[0] -= len(forced)
+            if len(path) <= limit and search(at.feed(tokenizer.decode(forced))):
+                return True
+            del path[len(path) - len(forced) :]
+            m.rollback(len(forced))
+            return False
+        fallback = [t for t in tokens.short if m.allows(t)][:_NUM_FALLBACK]
+        options = [t for t in tokens.closing if m.allows(t)] + fallback
+        after = {t: at.feed(tokens.texts[t]) for t in options}
+        for t in sorted(options, key=lambda t: after[t].open):  # stable: priority breaks ties
+            budget[0] -= 1
+            m.accept_token(t)
+            path.append(t)
+            if search(after[t]):
+                return True
+            path.pop()
+            m.rollback(1)
+            if budget[0] <= 0:
+                return False
+        return False
+
+    found = search(nesting or Nesting())
+    if found:
+        m.rollback(len(path))
+    return path if found else None
+
+
+class ClosingMatcher:
+    """A request's matcher with early closing over a budget of `max_new_tokens` outputs."""
+
+    def __init__(
+        self, inner: Any, max_new_tokens: int, tokens: ClosingTokens, tokenizer: Tokenizer
+    ) -> None:
+        self.inner, self.tokens, self.tokenizer = inner, tokens, tokenizer
+        self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
+        self.max_new_tokens = max_new_tokens
+        self.num_accepted = 0  # output tokens the constraint has taken (EOS not counted)
+        self.nesting = [Nesting()]  # after each accepted token: the text's open structure
+        self.path: list[int] | None = None  # the completion being forced, once triggered
+        self.path_start = 0  # num_accepted when it was
+        self.closed_early = False
+
+    @property
+    def error(self) -> str | None:
+        return self.inner.error
+
+    def _forced(self) -> list[int] | None:
+        """The rest of the completion being forced ([] once it is complete), or None."""
+        if self.path is None:
+            return None
+        return self.path[self.num_accepted - self.path_start :]
+
+    def _maybe_close(self) -> None:
+        remaining = self.max_new_tokens - self.num_accepted
+        if self.path is not None or not 0 < remaining <= WINDOW or self.inner.is_finished():
+            return
+        path = closing_path(self.inner, remaining, self.tokens, self.tokenizer, self.nesting[-1])
+        if path is not None and len(path) + MARGIN >= remaining:
+            self.path, self.path_start, self.closed_early = path, self.num_accepted, True
+
+    def allows(self, token_id: int) -> bool:
+        rest = self._forced()
+        if rest is None:
+            return self.inner.allows(token_id)
+        if rest:
+            return token_id == rest[0]
+        return token_id in self.eos_token_ids and self.inner.allows(token_id)
+
+    def accept_token(self, token_id: int) -> None:
+        rest = self._forced()
+        if rest is not None and rest and token_id != rest[0]:
+            raise ValueError(f"token {token_id} leaves the closing path here")
+        self.inner.accept_token(token_id)
+        if token_id not in self.eos_token_ids:
+            self._taken([token_id])
+
+    def _taken(self, ids: list[int]) -> None:
+        for t in ids:
+            text = self.tokens.texts.get(t)
+            text = self.tokenizer.decode([t]) if text is None else text
+            self.nesting.append(self.nesting[-1].feed(text))
+        self.num_accepted += len(ids)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+        self.num_accepted -= num_tokens
+        del self.nesting[len(self.nesting) - num_tokens :]
+        if self.path is not None and self.num_accepted < self.path_start:
+            self.path, self.closed_early = None, False  # back before it was taken
+
+    def is_final(self) -> bool:
+        return self.inner.is_final()
+
+    def is_finished(self) -> bool:
+        rest = self._forced()
+        return self.inner.is_finished() or (rest == [] and self.inner.is_final())
+
+    def fill_mask(self, bitmask: Any, row: int | None = None) -> None:
+        self._maybe_close()
+        rest = self._forced()
+        if rest is None:
+            self.inner.fill_mask(bitmask, row)
+            return
+        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        target = words if row is None else words[row]
+        target[:] = 0
+        bits = target.view(np.uint32)
+        for t in rest[:1] or sorted(self.eos_token_ids):
+            bits[t // 32] |= np.uint32(1 << (t % 32))
+
+    def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
+        """The forced text, already accepted: the rest of the closing path once it is taken."""
+        rest = self._forced()
+        if rest:
+            for t in rest:
+                self.accept_token(t)
+            return list(rest)
+        if rest == []:
+            return []
+        ids = self.inner.jump_forward(tokenizer, stop_before_merge=stop_before_merge)
+        self._taken(ids)
+        return ids

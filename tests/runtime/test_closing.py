@@ -1,0 +1,96 @@
+"""Early closing (constrained/closing.py): a completion search that leaves the matcher as it
+found it, and on the engine a JSON output that ends valid within max_new_tokens, flagged,
+where without it the output is cut; regex constraints and close_early=False are untouched."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+import stemma
+from stemma.runtime.constrained.closing import ClosingTokens, Nesting, closing_path
+from stemma.runtime.engine import Engine
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "qty": {"type": "integer"}},
+                "required": ["name", "qty"],
+            },
+        },
+    },
+    "required": ["title", "items"],
+}
+
+
+def _allowed(m, vocab: int) -> np.ndarray:
+    row = np.zeros((vocab + 31) // 32, dtype=np.int32)
+    m.fill_mask(row)
+    return row
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+@pytest.mark.parametrize(
+    "prefix", ['{"title":"Sh', '{"title":"x","items":[{"name":"egg', '{"title":"x","items":[{"']
+)
+def test_closing_path_completes_and_leaves_the_matcher_as_it_was(backend, prefix) -> None:
+    c = stemma.Constraint(json_schema=SCHEMA, backend=backend)
+    m = c.matcher().inner
+    for t in c.tokenizer.encode(prefix):
+        m.accept_token(t)
+    before = _allowed(m, c.tokenizer.vocab_size)
+    tokens = ClosingTokens.from_tokenizer(c.tokenizer)
+    path = closing_path(m, 40, tokens, c.tokenizer, Nesting().feed(prefix))
+    assert path is not None and len(path) <= 40
+    assert (before == _allowed(m, c.tokenizer.vocab_size)).all()  # rolled back
+    for t in path:
+        m.accept_token(t)
+    assert m.is_final()
+    jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), SCHEMA)
+    assert closing_path(c.matcher().inner, 2, tokens, c.tokenizer) is None  # no room: None
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine("smollm2-135m", dtype="float32", kv_cache_mb=128) as e:
+        yield e
+
+
+def _no_closing_brackets(engine) -> dict[int, float]:
+    """A bias that keeps the model itself from ever closing an array or an object."""
+    vocab = engine.tokenizer.vocab_size
+    return {t: -100.0 for t in range(vocab) if set(engine.tokenizer.decode([t])) & set("]}")}
+
+
+def test_a_json_output_ends_valid_within_the_budget(engine) -> None:
+    prompt = engine.apply_chat_template([{"role": "user", "content": "A shopping list as JSON."}])
+    params = {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 48, "temperature": 0}
+    params["logit_bias"] = _no_closing_brackets(engine)
+    out = engine.generate(prompt, params)
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert out["meta_info"]["closed_early"] is True
+    assert out["meta_info"]["completion_tokens"] <= 48
+    jsonschema.validate(json.loads(out["text"]), SCHEMA)
+    cut = engine.generate(prompt, {**params, "close_early": False})
+    assert cut["meta_info"]["finish_reason"] == {"type": "length", "length": 48}
+    assert "closed_early" not in cut["meta_info"]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut["text"])
+    assert cut["text"].startswith(out["text"][: len(out["text"]) // 2])  # exact until it closed
+
+
+def test_regex_constraints_are_not_closed_early_unless_asked(engine) -> None:
+    params = {"regex": r"\[[0-9,]*\]", "max_new_tokens": 12, "temperature": 0}
+    params["logit_bias"] = _no_closing_brackets(engine)
+    out = engine.generate("Numbers: ", params)
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    assert not out["text"].endswith("]")
+    closed = engine.generate("Numbers: ", {**params, "close_early": True})
+    assert closed["meta_info"]["closed_early"] is True and closed["text"].endswith("]")
