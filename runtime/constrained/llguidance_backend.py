@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .jump_forward import utf8_prefix
-from .llguidance_grammar import grammar_text, refusal
+from .llguidance_grammar import grammar_texts, refusal
 from .spec import ConstraintSpec
 from .vocabulary import CompileLimits
 
@@ -52,11 +52,13 @@ def compile_grammar(
     from llguidance import LLMatcher
 
     _check_size(spec, limits)
-    grammar, notes = grammar_text(spec)
-    matcher = LLMatcher(ll_tok, grammar, log_level=0, limits=parser_limits(limits))
-    if matcher.is_error():
-        raise ValueError(refusal(spec, matcher.get_error()))
-    return matcher, notes + list(matcher.get_grammar_warnings())
+    first_error = None
+    for grammar, notes in grammar_texts(spec):
+        matcher = LLMatcher(ll_tok, grammar, log_level=0, limits=parser_limits(limits))
+        if not matcher.is_error():
+            return matcher, notes + list(matcher.get_grammar_warnings())
+        first_error = first_error or matcher.get_error()
+    raise ValueError(refusal(spec, first_error or ""))
 
 
 def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
@@ -65,11 +67,15 @@ def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
 
     limits = limits or CompileLimits()
     _check_size(spec, limits)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(
-        grammar_text(spec)[0], None, limits=parser_limits(limits)
-    )
-    if is_error:
-        raise ValueError(refusal(spec, messages[0] if messages else ""))
+    first_error = None
+    for grammar, _ in grammar_texts(spec):
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(
+            grammar, None, limits=parser_limits(limits)
+        )
+        if not is_error:
+            return
+        first_error = first_error or (messages[0] if messages else "")
+    raise ValueError(refusal(spec, first_error or ""))
 
 
 def _check_size(spec: ConstraintSpec, limits: CompileLimits) -> None:

@@ -29,28 +29,33 @@ _NAMED_SUBSCHEMAS = frozenset(
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
-def grammar_text(spec: Any) -> tuple[str, list[str]]:
-    """(the llguidance grammar, a JSON document, for a ConstraintSpec; notes on the schema's
-    rewrite). A regex is checked as for outlines (regex_check.py: unsupported features named,
-    ^/$ dropped), so both backends take the same dialect; grammar errors surface when
-    llguidance builds it."""
+def grammar_texts(spec: Any) -> list[tuple[str, list[str]]]:
+    """The llguidance grammars (JSON documents) to try for a ConstraintSpec, in order, each
+    with notes on how it was made: a schema as written, then (where it differs) rewritten
+    (schema_rewrite.py), so that what llguidance takes as written is never rewritten. A regex
+    is checked as for outlines (regex_check.py: unsupported features named, ^/$ dropped), so
+    both backends take the same dialect; grammar errors surface when llguidance builds it."""
     from llguidance import LLMatcher
 
     if spec.regex is not None:
-        return LLMatcher.grammar_from_regex(normalize_regex(spec.regex)), []
+        return [(LLMatcher.grammar_from_regex(normalize_regex(spec.regex)), [])]
     if spec.choices is not None:
-        return LLMatcher.grammar_from_regex(choices_regex(spec.choices)), []
+        return [(LLMatcher.grammar_from_regex(choices_regex(spec.choices)), [])]
     if spec.dtype is not None:
-        return LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), []
+        return [(LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), [])]
     if spec.ebnf is not None:
-        return ebnf_grammar(spec.ebnf), []
+        return [(ebnf_grammar(spec.ebnf), [])]
     options: dict[str, Any] = dict(_COMPACT)
     if spec.whitespace is not None:
         options = {"whitespace_flexible": False, "whitespace_pattern": spec.whitespace}
     if not spec.strict:
         options |= {"lenient": True, "coerce_one_of": True}
-    schema, notes = rewrite_schema(json.loads(spec.json_schema), known_format)
-    return LLMatcher.grammar_from_json_schema(schema, overrides=options), notes
+    schema = json.loads(spec.json_schema)
+    texts = [(LLMatcher.grammar_from_json_schema(schema, overrides=options), [])]
+    rewritten, notes = rewrite_schema(schema, known_format)
+    if rewritten != schema:
+        texts.append((LLMatcher.grammar_from_json_schema(rewritten, overrides=options), notes))
+    return texts
 
 
 def ebnf_grammar(text: str) -> str:
