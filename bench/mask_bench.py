@@ -10,8 +10,9 @@ masks: for each grammar backend, real-world schemas (the JSONSchemaBench sample,
   the time per request per step (a batch step's time over its active rows) at SmolLM2's
   49,152-token vocabulary.
 step: the same 32 prompts decoded for 64 tokens, constrained (a JSON array of tool calls that
-  cannot close within 64 tokens, so both runs do the same steps) and unconstrained with
-  ignore_eos; interleaved rounds, the ratio of step times (median over rounds).
+  cannot close within 64 tokens, so every run does the same steps; with early closing, whose
+  searches find nothing here, its worst case, and without) and unconstrained with ignore_eos;
+  jump-forward off; interleaved rounds, the ratios of run times (median over rounds).
 Results: a table and JSON lines in bench/results/mask_bench.jsonl.
 """
 
@@ -138,7 +139,8 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
         ]
         plain = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
         constrained = {"max_new_tokens": 64, "temperature": 0, "json_schema": LONG_SCHEMA}
-        counts: dict[str, list[int]] = {"plain": [], "constrained": []}
+        unclosed = {**constrained, "close_early": False}
+        counts: dict[str, list[int]] = {"plain": [], "constrained": [], "unclosed": []}
 
         def run(name: str, params: dict[str, Any]) -> None:
             engine.flush_cache()
@@ -150,9 +152,10 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
         fns = {
             "plain": lambda: run("plain", plain),
             "constrained": lambda: run("constrained", constrained),
+            "unclosed": lambda: run("unclosed", unclosed),
         }
         times = interleaved_times(fns, args.rounds)
-    assert counts["plain"] == counts["constrained"], counts  # the same steps on both sides
+    assert counts["plain"] == counts["constrained"] == counts["unclosed"], counts  # same steps
     results.append(
         {
             "bench": "step",
@@ -161,10 +164,12 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
             "tokens_per_run": counts["plain"][0],
             "plain_s": round(statistics.median(times["plain"]), 3),
             "constrained_s": round(statistics.median(times["constrained"]), 3),
-            # median over rounds of constrained / plain seconds
+            "unclosed_s": round(statistics.median(times["unclosed"]), 3),
+            # medians over rounds of constrained / plain seconds (early closing on, off)
             "constrained_over_plain": round(
                 paired_speedup(times["constrained"], times["plain"]), 4
             ),
+            "unclosed_over_plain": round(paired_speedup(times["unclosed"], times["plain"]), 4),
         }
     )
     return results
@@ -185,8 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     masks = bench_masks(args)
     print_table(masks, ["backend", "batch", "schemas", "steps", "p50_ms", "p99_ms"])
     step = bench_step(args)
-    columns = ["backend", "batch", "tokens_per_run", "plain_s", "constrained_s"]
-    print_table(step, [*columns, "constrained_over_plain"])
+    columns = ["backend", "batch", "tokens_per_run", "plain_s", "constrained_s", "unclosed_s"]
+    print_table(step, [*columns, "constrained_over_plain", "unclosed_over_plain"])
     if not args.no_record:
         append_results("mask_bench", masks + step, data=args.data.name)
 

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 WINDOW = 64  # remaining tokens below which completions are searched for
 MARGIN = 8  # how far ahead of the budget a found completion is taken
-MAX_SEARCH_TOKENS = 256  # tokens one search may try (accept + roll back)
+MAX_SEARCH_TOKENS = 128  # tokens one search may try (accept + roll back)
+RETRY_AFTER = 32  # tokens before a search that found nothing is tried again
 # Tried first, in this order: closers, then separators and the shortest JSON values.
 _CLOSING_TEXTS = ['"}', '"]', "}}", "]}", "}]", "]]", '"', "}", "]", ",", "0", '""', "null"]
 _CLOSING_TEXTS += ["false", "true", "[]", "{}", ":", "1", "a", "e", "x", "-", "."]
@@ -69,9 +70,10 @@ class Nesting:
 class ClosingTokens:
     """The model's ids for the closing texts and its one-character tokens, with their text."""
 
-    closing: tuple[int, ...]
-    short: tuple[int, ...]
+    closing: np.ndarray  # ids, in priority order
+    short: np.ndarray  # ids
     texts: dict[int, str]
+    vocab_size: int
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer) -> ClosingTokens:
@@ -83,7 +85,18 @@ class ClosingTokens:
         texts = {t: tokenizer.decode([t]) for t in range(tokenizer.vocab_size)}
         short = [t for t, text in texts.items() if t not in closing and len(text) == 1]
         kept = {t: texts[t] for t in (*closing, *short)}
-        return cls(tuple(closing), tuple(short), kept)
+        ids = np.array(closing, dtype=np.int64), np.array(short, dtype=np.int64)
+        return cls(*ids, kept, tokenizer.vocab_size)
+
+    def allowed(self, m: GrammarMatcher, row: np.ndarray) -> list[int]:
+        """The closing tokens `m` allows, then its first few allowed short ones: one mask."""
+        m.fill_mask(row)
+        bits = row.view(np.uint32)
+
+        def keep(ids: np.ndarray) -> np.ndarray:
+            return ids[(bits[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1]
+
+        return keep(self.closing).tolist() + keep(self.short)[:_NUM_FALLBACK].tolist()
 
 
 def closing_path(
@@ -97,6 +110,7 @@ def closing_path(
     it was (each token tried is accepted, then rolled back). nesting: of the text so far."""
     path: list[int] = []
     budget = [MAX_SEARCH_TOKENS]
+    row = np.zeros((tokens.vocab_size + 31) // 32, dtype=np.int32)
 
     def search(at: Nesting) -> bool:
         if m.is_final():
@@ -112,8 +126,7 @@ def closing_path(
             del path[len(path) - len(forced) :]
             m.rollback(len(forced))
             return False
-        fallback = [t for t in tokens.short if m.allows(t)][:_NUM_FALLBACK]
-        options = [t for t in tokens.closing if m.allows(t)] + fallback
+        options = tokens.allowed(m, row)
         after = {t: at.feed(tokens.texts[t]) for t in options}
         for t in sorted(options, key=lambda t: after[t].open):  # stable: priority breaks ties
             budget[0] -= 1
@@ -147,6 +160,9 @@ class ClosingMatcher:
         self.path: list[int] | None = None  # the completion being forced, once triggered
         self.path_start = 0  # num_accepted when it was
         self.closed_early = False
+        self.next_search = 0  # num_accepted at which to search again
+        self.searched_depth = 0  # containers open at the last search
+        self.missed = False  # the last search found no completion within the budget
 
     @property
     def error(self) -> str | None:
@@ -159,12 +175,25 @@ class ClosingMatcher:
         return self.path[self.num_accepted - self.path_start :]
 
     def _maybe_close(self) -> None:
+        """Search for a completion when one may be due: half way to the last one's trigger
+        point, or at once when a container has opened since; after a miss (no completion fits
+        the budget, which only shrinks), when a container has closed, or RETRY_AFTER tokens
+        on."""
         remaining = self.max_new_tokens - self.num_accepted
         if self.path is not None or not 0 < remaining <= WINDOW or self.inner.is_finished():
             return
+        depth = self.nesting[-1].depth
+        moved = depth < self.searched_depth if self.missed else depth > self.searched_depth
+        if self.num_accepted < self.next_search and not moved:
+            return
         path = closing_path(self.inner, remaining, self.tokens, self.tokenizer, self.nesting[-1])
-        if path is not None and len(path) + MARGIN >= remaining:
+        self.searched_depth, self.missed = depth, path is None
+        if path is None:
+            self.next_search = self.num_accepted + RETRY_AFTER
+        elif len(path) + MARGIN >= remaining:
             self.path, self.path_start, self.closed_early = path, self.num_accepted, True
+        else:
+            self.next_search = self.num_accepted + max(1, (remaining - len(path) - MARGIN) // 2)
 
     def allows(self, token_id: int) -> bool:
         rest = self._forced()

@@ -1,0 +1,147 @@
+"""Structured outputs end to end: how many real-world schemas yield output that validates.
+
+    python -m stemma.bench.schema_e2e --data ../shared/data/jsonschemabench/sample.jsonl
+
+Each schema of the JSONSchemaBench sample that the llguidance backend accepts is asked for
+once, greedy, under its own json_schema with max_new_tokens 512, with early closing on and
+off (same engine, the two runs of a chunk interleaved). The prompt is the chat template over
+"Reply with a JSON value for this JSON schema:" and the schema's text (its first 3,000
+characters). An output counts when `jsonschema` validates it; failures are sorted by reason:
+cut at the length limit (not JSON), JSON that `jsonschema` refuses, aborted, or a schema
+`jsonschema` cannot resolve (not counted either way).
+Results: a table and JSON lines in bench/results/schema_e2e.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .common import append_results, print_table
+
+MODEL = "smollm2-135m"
+PROMPT_SCHEMA_CHARS = 3000
+
+
+def accepted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows whose schema the llguidance backend compiles."""
+    import stemma
+
+    keep = []
+    for row in rows:
+        try:
+            stemma.Constraint(json_schema=row["schema"], backend="llguidance")
+        except ValueError:
+            continue
+        keep.append(row)
+    return keep
+
+
+def verdict(schema: Any, out: dict[str, Any]) -> str:
+    """ "valid", or why not."""
+    import jsonschema
+
+    kind = out["meta_info"]["finish_reason"]["type"]
+    if kind == "abort":
+        return "aborted"
+    try:
+        value = json.loads(out["text"])
+    except json.JSONDecodeError:
+        return "cut at the length limit" if kind == "length" else "not JSON"
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    try:
+        errors = list(cls(schema).iter_errors(value))
+    except (jsonschema.exceptions.RefResolutionError, jsonschema.exceptions.SchemaError):
+        return "schema unresolvable"
+    except Exception as err:  # noqa: BLE001 - a referencing failure, named
+        return f"schema unresolvable ({type(err).__name__})"
+    return "valid" if not errors else "refused by jsonschema"
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from ..runtime.engine import Engine
+
+    rows = accepted([json.loads(line) for line in args.data.open()][: args.limit])
+    verdicts: dict[bool, list[str]] = {True: [], False: []}
+    seconds = {True: 0.0, False: 0.0}
+    with Engine(MODEL, dtype=args.dtype, grammar_backend="llguidance") as engine:
+        prompts = [
+            engine.apply_chat_template(
+                [
+                    {
+                        "role": "user",
+                        "content": "Reply with a JSON value for this JSON schema:\n"
+                        + json.dumps(r["schema"])[:PROMPT_SCHEMA_CHARS],
+                    }
+                ]
+            )
+            for r in rows
+        ]
+        for start in range(0, len(rows), args.chunk):
+            chunk = range(start, min(start + args.chunk, len(rows)))
+            for on in (True, False) if start % 2 == 0 else (False, True):
+                params = [
+                    {
+                        "json_schema": json.dumps(rows[i]["schema"]),
+                        "max_new_tokens": args.max_new_tokens,
+                        "temperature": 0,
+                        "close_early": on,
+                    }
+                    for i in chunk
+                ]
+                t = time.perf_counter()
+                outs = engine.generate([prompts[i] for i in chunk], params)
+                seconds[on] += time.perf_counter() - t
+                verdicts[on] += [verdict(rows[i]["schema"], o) for i, o in zip(chunk, outs)]
+            done = len(verdicts[True])
+            print(
+                f"{done}/{len(rows)}: valid {verdicts[True].count('valid')} (closing on), "
+                f"{verdicts[False].count('valid')} (off)",
+                flush=True,
+            )
+    results = []
+    for on in (True, False):
+        counts = Counter(verdicts[on])
+        judged = len(rows) - sum(
+            v for k, v in counts.items() if k.startswith("schema unresolvable")
+        )
+        results.append(
+            {
+                "early_closing": on,
+                "schemas": len(rows),
+                "judged": judged,
+                "valid": counts["valid"],
+                "valid_pct": round(100 * counts["valid"] / max(judged, 1), 1),
+                "failures": {k: v for k, v in counts.items() if k != "valid"},
+                "max_new_tokens": args.max_new_tokens,
+                "seconds": round(seconds[on], 1),
+            }
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--data", type=Path, required=True, help="MaskBench-style JSONL")
+    ap.add_argument("--limit", type=int, default=None, help="first N schemas only")
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--chunk", type=int, default=32, help="requests per engine.generate")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args(argv)
+    results = run(args)
+    print_table(results, ["early_closing", "schemas", "judged", "valid", "valid_pct", "seconds"])
+    for r in results:
+        print(f"early closing {'on' if r['early_closing'] else 'off'}: {r['failures']}")
+    if not args.no_record:
+        append_results("schema_e2e", results, data=args.data.name)
+
+
+if __name__ == "__main__":
+    main()
