@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .jump_forward import utf8_prefix
-from .llguidance_grammar import grammar_texts, refusal
+from .llguidance_grammar import blocking_error, grammar_texts, refusal
 from .spec import ConstraintSpec
 from .vocabulary import CompileLimits
 
@@ -52,13 +52,13 @@ def compile_grammar(
     from llguidance import LLMatcher
 
     _check_size(spec, limits)
-    first_error = None
+    errors = []
     for grammar, notes in grammar_texts(spec):
         matcher = LLMatcher(ll_tok, grammar, log_level=0, limits=parser_limits(limits))
         if not matcher.is_error():
             return matcher, notes + list(matcher.get_grammar_warnings())
-        first_error = first_error or matcher.get_error()
-    raise ValueError(refusal(spec, first_error or ""))
+        errors.append(matcher.get_error())
+    raise ValueError(refusal(spec, blocking_error(errors)))
 
 
 def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
@@ -67,15 +67,15 @@ def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
 
     limits = limits or CompileLimits()
     _check_size(spec, limits)
-    first_error = None
+    errors = []
     for grammar, _ in grammar_texts(spec):
         is_error, messages = LLMatcher.validate_grammar_with_warnings(
             grammar, None, limits=parser_limits(limits)
         )
         if not is_error:
             return
-        first_error = first_error or (messages[0] if messages else "")
-    raise ValueError(refusal(spec, first_error or ""))
+        errors.append(messages[0] if messages else "")
+    raise ValueError(refusal(spec, blocking_error(errors)))
 
 
 def _check_size(spec: ConstraintSpec, limits: CompileLimits) -> None:

@@ -97,6 +97,14 @@ def refusal(spec: Any, error: str) -> str:
     return f"json_schema not supported by the llguidance backend: {first}"
 
 
+def blocking_error(errors: list[str]) -> str:
+    """Of the errors of a schema as written and rewritten: the rewritten one where it names a
+    keyword (what is left to block it), else the first (the rewrite added nothing of use)."""
+    if len(errors) > 1 and _named_keywords(errors[-1].strip())[0]:
+        return errors[-1]
+    return errors[0] if errors else ""
+
+
 def _named_keywords(message: str) -> tuple[tuple[str, ...], Any]:
     """(keywords, value or None) that an llguidance error message names, if any."""
     if m := re.search(r"Unimplemented keys: \[([^\]]+)\]", message):
