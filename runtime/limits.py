@@ -51,18 +51,22 @@ def check_sampling_bounds(sp: dict[str, Any], limits: EngineConfig, prefix: str 
     longest = max((len(s) for s in stops), default=0)
     _at_most(limits, "max_stop_chars", longest, "a stop string or regex has {} characters")
     schema = sp.get("json_schema")
+    backend = sp.get("grammar_backend") or limits.grammar_backend
     if isinstance(schema, (dict, list)):  # depth first: measuring its size recurses
-        check_schema_bounds(schema, limits, f"{prefix}json_schema")
+        check_schema_bounds(schema, limits, f"{prefix}json_schema", backend)
     for key in CONSTRAINT_FIELDS:
         size = constraint_size(sp.get(key), f"{prefix}{key}")
         _at_most(limits, "max_constraint_chars", size, f"{prefix}{key} has {{}} characters")
     if isinstance(schema, str):
-        check_schema_bounds(schema, limits, f"{prefix}json_schema")
+        check_schema_bounds(schema, limits, f"{prefix}json_schema", backend)
 
 
-def check_schema_bounds(schema: Any, limits: EngineConfig, name: str) -> None:
-    """A schema (dict or JSON text) nested deeper than max_schema_depth, or whose regex
-    would exceed max_schema_regex_chars by estimate, is refused before outlines-core reads it.
+def check_schema_bounds(
+    schema: Any, limits: EngineConfig, name: str, backend: Any = "outlines"
+) -> None:
+    """A schema (dict or JSON text) nested deeper than max_schema_depth, or, for the outlines
+    backend, whose regex would exceed max_schema_regex_chars by estimate, is refused before
+    the backend reads it (llguidance builds no regex: its own fuel and size limits bound it).
     Text that is not JSON is left to the parser."""
     if isinstance(schema, str):
         try:
@@ -80,6 +84,8 @@ def check_schema_bounds(schema: Any, limits: EngineConfig, name: str) -> None:
             f"{name}: {count[0]} is {count[1]}; a count must be below {MAX_COUNT} (2^32), the "
             "most repetitions a regex holds"
         )
+    if backend != "outlines":
+        return
     try:
         size = estimated_regex_chars(schema)
     except RecursionError:

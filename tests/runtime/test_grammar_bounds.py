@@ -83,6 +83,23 @@ def test_bounds_name_the_value_the_limit_and_the_flag():
     check_sampling_bounds({"json_schema": nested(3, "array")}, config)
 
 
+def test_the_regex_estimate_bounds_the_outlines_backend_only():
+    """llguidance builds no regex, so a schema whose regex would be huge is its to take."""
+    deep = nested(6, "array")
+    for config, sp in [
+        (EngineConfig(max_schema_regex_chars=4000, grammar_backend="llguidance"), {}),
+        (EngineConfig(max_schema_regex_chars=4000), {"grammar_backend": "llguidance"}),
+    ]:
+        check_sampling_bounds({"json_schema": deep, **sp}, config)
+    llguidance_engine = EngineConfig(max_schema_regex_chars=4000, grammar_backend="llguidance")
+    with pytest.raises(ValueError, match="--max-schema-regex-chars"):  # a request's own pick
+        check_sampling_bounds(
+            {"json_schema": deep, "grammar_backend": "outlines"}, llguidance_engine
+        )
+    with pytest.raises(ValueError, match="--max-schema-depth"):  # depth bounds every backend
+        check_sampling_bounds({"json_schema": nested(100, "array")}, llguidance_engine)
+
+
 def test_counts_past_a_regex_repetition_are_refused():
     for key, value in [("maxLength", 1 << 32), ("minLength", 1 << 64), ("maxItems", 1e300)]:
         with pytest.raises(ValueError, match=re.escape(f"{key} is {value}; a count must be below")):
