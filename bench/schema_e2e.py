@@ -62,6 +62,21 @@ def verdict(schema: Any, out: dict[str, Any]) -> str:
     return "valid" if not errors else "refused by jsonschema"
 
 
+def generate(engine: Any, prompts: list[str], params: list[dict], rows: list, chunk: range):
+    """Verdicts for one chunk; a request the engine refuses (a bound, say) is judged alone."""
+    try:
+        outs = engine.generate(prompts, params)
+    except ValueError:
+        out = []
+        for prompt, p, i in zip(prompts, params, chunk):
+            try:
+                out.append(verdict(rows[i]["schema"], engine.generate(prompt, p)))
+            except ValueError as err:
+                out.append(f"refused by the engine: {str(err)[:60]}")
+        return out
+    return [verdict(rows[i]["schema"], o) for i, o in zip(chunk, outs)]
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ..runtime.engine import Engine
 
@@ -94,9 +109,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for i in chunk
                 ]
                 t = time.perf_counter()
-                outs = engine.generate([prompts[i] for i in chunk], params)
+                verdicts[on] += generate(engine, [prompts[i] for i in chunk], params, rows, chunk)
                 seconds[on] += time.perf_counter() - t
-                verdicts[on] += [verdict(rows[i]["schema"], o) for i, o in zip(chunk, outs)]
             done = len(verdicts[True])
             print(
                 f"{done}/{len(rows)}: valid {verdicts[True].count('valid')} (closing on), "
