@@ -80,7 +80,7 @@ def generate(engine: Any, prompts: list[str], params: list[dict], rows: list, ch
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ..runtime.engine import Engine
 
-    rows = accepted([json.loads(line) for line in args.data.open()][: args.limit])
+    rows = accepted([json.loads(line) for line in args.data.open()][: args.limit][:: args.every])
     verdicts: dict[bool, list[str]] = {True: [], False: []}
     seconds = {True: 0.0, False: 0.0}
     with Engine(MODEL, dtype=args.dtype, grammar_backend="llguidance") as engine:
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--data", type=Path, required=True, help="MaskBench-style JSONL")
     ap.add_argument("--limit", type=int, default=None, help="first N schemas only")
+    ap.add_argument("--every", type=int, default=1, help="every Nth schema only (a sample)")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=32, help="requests per engine.generate")
     ap.add_argument("--dtype", default="auto")
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         print(f"early closing {'on' if r['early_closing'] else 'off'}: {r['failures']}")
     if not args.no_record:
-        append_results("schema_e2e", results, data=args.data.name)
+        append_results("schema_e2e", results, data=args.data.name, every=args.every)
 
 
 if __name__ == "__main__":
