@@ -36,17 +36,25 @@ def _allowed(m, vocab: int) -> np.ndarray:
     return row
 
 
+@pytest.fixture(scope="module")
+def closing_tokens() -> ClosingTokens:
+    tokenizer = stemma.Constraint(regex="x", backend="llguidance").tokenizer
+    return ClosingTokens.from_tokenizer(tokenizer)  # a pass over the vocabulary: once
+
+
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
 @pytest.mark.parametrize(
     "prefix", ['{"title":"Sh', '{"title":"x","items":[{"name":"egg', '{"title":"x","items":[{"']
 )
-def test_closing_path_completes_and_leaves_the_matcher_as_it_was(backend, prefix) -> None:
+def test_closing_path_completes_and_leaves_the_matcher_as_it_was(
+    backend, prefix, closing_tokens
+) -> None:
     c = stemma.Constraint(json_schema=SCHEMA, backend=backend)
     m = c.matcher().inner
     for t in c.tokenizer.encode(prefix):
         m.accept_token(t)
     before = _allowed(m, c.tokenizer.vocab_size)
-    tokens = ClosingTokens.from_tokenizer(c.tokenizer)
+    tokens = closing_tokens
     path = closing_path(m, 40, tokens, c.tokenizer, Nesting().feed(prefix))
     assert path is not None and len(path) <= 40
     assert (before == _allowed(m, c.tokenizer.vocab_size)).all()  # rolled back
