@@ -18,6 +18,7 @@ from typing import Any
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex
 from .regex_check import normalize_regex
+from .schema_logic import pointer_escape
 from .schema_rewrite import rewrite_schema
 
 DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
@@ -136,12 +137,8 @@ def _find(node: Any, keywords: tuple[str, ...], value: Any, path: str) -> tuple[
             continue
         if key in _NAMED_SUBSCHEMAS and isinstance(child, dict):
             for name, sub in child.items():
-                if found := _find(sub, keywords, value, f"{path}/{key}/{_escape(name)}"):
+                if found := _find(sub, keywords, value, f"{path}/{key}/{pointer_escape(name)}"):
                     return found
         elif found := _find(child, keywords, value, f"{path}/{key}"):
             return found
     return None
-
-
-def _escape(name: str) -> str:
-    return str(name).replace("~", "~0").replace("/", "~1")

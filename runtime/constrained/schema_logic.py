@@ -280,6 +280,11 @@ def _list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else [v] if v is not None else []
 
 
+def pointer_escape(name: str) -> str:
+    """A property name as one JSON-pointer segment (RFC 6901: ~ as ~0, / as ~1)."""
+    return str(name).replace("~", "~0").replace("/", "~1")
+
+
 @lru_cache(maxsize=64)
 def _split_pointer(ref: str) -> tuple[str, ...] | None:
     if not ref.startswith("#"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .schema_logic import ASSERTIONS, SchemaLogic
+from .schema_logic import ASSERTIONS, SchemaLogic, pointer_escape
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
 _ONE = frozenset(
@@ -61,10 +61,14 @@ class _Rewriter(SchemaLogic):
             elif key in _MANY and isinstance(value, list):
                 out[key] = [self.node(v, f"{path}/{key}/{i}") for i, v in enumerate(value)]
             elif key in _MAP and isinstance(value, dict):
-                out[key] = {k: self.node(v, f"{path}/{key}/{_escape(k)}") for k, v in value.items()}
+                out[key] = {
+                    k: self.node(v, f"{path}/{key}/{pointer_escape(k)}") for k, v in value.items()
+                }
             elif key == "dependencies" and isinstance(value, dict):
                 out[key] = {
-                    k: v if isinstance(v, list) else self.node(v, f"{path}/{key}/{_escape(k)}")
+                    k: v
+                    if isinstance(v, list)
+                    else self.node(v, f"{path}/{key}/{pointer_escape(k)}")
                     for k, v in value.items()
                 }
             else:
@@ -136,7 +140,3 @@ def _int(v: Any, default: int) -> int:
 
 def _without(s: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in s.items() if k not in keys}
-
-
-def _escape(name: str) -> str:
-    return str(name).replace("~", "~0").replace("/", "~1")
