@@ -99,6 +99,31 @@ def test_forced_schemas_accept_exactly_valid_calls():
         jsonschema.validate({"name": "get_weather", "arguments": {"days": 2}}, required)
 
 
+def test_forced_schema_keeps_the_refs_of_nested_parameters():
+    """pydantic writes a nested model as `$defs` + `#/$defs/...`; inside the call wrapper
+    those refs must still resolve to the tool's own definitions, and two tools' same-named
+    definitions stay apart."""
+    address = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    person = {
+        "$defs": {"Address": address},
+        "type": "object",
+        "properties": {"home": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}]}},
+        "required": ["home"],
+    }
+    other = {"$defs": {"Address": {"type": "integer"}}, "$ref": "#/$defs/Address"}
+    tools = [
+        {"type": "function", "function": {"name": "save", "parameters": person}},
+        {"type": "function", "function": {"name": "count", "parameters": other}},
+    ]
+    schema = tool_call_schema(plan_tools(request(tools=tools, tool_choice="required")))
+    jsonschema.validate({"name": "save", "arguments": {"home": {"city": "Oslo"}}}, schema)
+    jsonschema.validate({"name": "save", "arguments": {"home": None}}, schema)
+    jsonschema.validate({"name": "count", "arguments": 3}, schema)
+    for bad in ({"name": "save", "arguments": {"home": {}}}, {"name": "count", "arguments": {}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
 def test_tool_choice_consistency_is_checked():
     assert plan_tools(request()).mode == "auto"
     assert plan_tools(request(tool_choice="none")).mode == "none"

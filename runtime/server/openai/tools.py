@@ -28,6 +28,7 @@ from .protocol import ChatCompletionRequest, NamedToolChoice, Tool
 
 _WRAPPER = re.compile(r"^<tool_call>(.*)</tool_call>$|^```(?:json)?(.*)```$", re.DOTALL)
 _EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
 @dataclass(slots=True)
@@ -84,41 +85,95 @@ def tool_system_prompt(plan: ToolPlan) -> str:
     return f"You can call these functions:\n{specs}\n{rule}"
 
 
+def _rebase_refs(node: Any, base: str) -> Any:
+    """A copy of the schema `node` whose local `$ref`s ("#...") point under `base`."""
+    if isinstance(node, list):
+        return [_rebase_refs(x, base) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = f"#{base}{value[1:]}"
+        else:  # enum / const / default / examples are data, but hold no string "$ref" keys
+            out[key] = value if key in _DATA_KEYWORDS else _rebase_refs(value, base)
+    return out
+
+
+def _has_local_ref(node: Any) -> bool:
+    if isinstance(node, list):
+        return any(_has_local_ref(x) for x in node)
+    if not isinstance(node, dict):
+        return False
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        return True
+    return any(_has_local_ref(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
+
+
+def _placed_parameters(tools: list[Tool]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each tool's parameters as a call schema holds them, and the `$defs` its root carries.
+
+    Inside the call wrapper a tool's parameters are no longer the document's root, so a
+    `$ref` they hold ("#/$defs/Address", as pydantic writes nested models, or "#") would
+    resolve against the wrapper. Such parameters move whole to `#/$defs/<tool name>` (names
+    are unique and JSON-pointer safe) with every local ref rebased there, and the call refers
+    to them: the same schema, resolved where it was written. ValueError for parameters nested
+    past what Python's recursion takes."""
+    placed: dict[str, Any] = {}
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        name, params = tool.function.name, tool.function.parameters or _EMPTY_PARAMS
+        try:
+            if not _has_local_ref(params):
+                placed[name] = params
+                continue
+            defs[name] = _rebase_refs(params, f"/$defs/{name}")
+        except RecursionError:
+            raise ValueError(f"the parameters of tool {name!r} nest too deeply") from None
+        placed[name] = {"$ref": f"#/$defs/{name}"}
+    return placed, defs
+
+
 def tool_call_schema(plan: ToolPlan) -> dict[str, Any]:
     """The JSON schema a forced call is generated under."""
+    tools = [t for t in plan.tools if plan.forced_name in (None, t.function.name)]
+    params, defs = _placed_parameters(tools)
     options = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t.function.name},
-                "arguments": t.function.parameters or _EMPTY_PARAMS,
+                "arguments": params[t.function.name],
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for t in plan.tools
-        if plan.forced_name in (None, t.function.name)
+        for t in tools
     ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def auto_call_grammar(plan: ToolPlan, parallel: bool) -> str:
     """The Lark grammar (llguidance's dialect) of a reply under tool_choice "auto": free text
     that does not open a call, or a call that parses under the rule above."""
+    params, defs = _placed_parameters(plan.tools)
     one = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.function.name}, key: params},
+            "properties": {"name": {"const": t.function.name}, key: params[t.function.name]},
             "required": ["name", key],
             "additionalProperties": False,
         }
         for t in plan.tools
-        for params in [t.function.parameters or _EMPTY_PARAMS]
         for key in ("arguments", "parameters")
     ]
     calls: dict[str, Any] = {"anyOf": one}
     if parallel:
         calls = {"anyOf": [*one, {"type": "array", "items": {"anyOf": one}, "minItems": 1}]}
+    if defs:
+        calls["$defs"] = defs
     return "\n".join(
         [
             "%llguidance {}",
