@@ -11,7 +11,7 @@ from pathlib import Path
 from ..faults import Faults
 from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer
-from .backend import GrammarBackend, GrammarHandleLike, check_backend, check_spec, create_backend
+from .backend import GrammarBackend, GrammarHandleLike, check_backend, create_backend, pick_backend
 from .spec import ConstraintSpec
 from .structural_tag import structural_tag_grammar
 from .vocabulary import CompileLimits
@@ -59,10 +59,9 @@ class Constraints:
         if params.regex is None and params.json_schema is None and ebnf is None:
             return None
         spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema, ebnf=ebnf)
-        # A grammar only llguidance takes goes there unless the request names a backend.
-        default = "llguidance" if ebnf is not None else self.backend
-        backend = params.grammar_backend or default
-        check_spec(backend, spec)  # unsupported features and schema keywords, by name
+        # unsupported features and schema keywords, by name; a grammar, or a schema the
+        # outlines default cannot honour, goes to llguidance unless the request names a backend
+        backend = pick_backend(spec, self.backend, params.grammar_backend)
         return self.service_for(backend).submit(spec)
 
     def close(self) -> None:

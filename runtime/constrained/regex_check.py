@@ -49,7 +49,7 @@ def _unsupported(feature: str, regex: str, pos: int) -> ValueError:
     where = regex[max(0, pos - 10) : pos + 10]
     return ValueError(
         f"regex feature not supported by constrained decoding: {feature} at position {pos} "
-        f"(near {where!r}); outlines-core builds a DFA, which has no lookaround, "
+        f"(near {where!r}); the outlines backend builds a DFA, which has no lookaround, "
         "backreferences, anchors inside the pattern, or lazy/possessive quantifiers"
     )
 

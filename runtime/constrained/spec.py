@@ -99,14 +99,18 @@ def resolve(spec: ConstraintSpec) -> ResolvedConstraint:
     issues = schema_issues(schema)
     if issues and spec.strict:
         raise ValueError(
-            "json_schema keywords outlines-core would silently ignore (strict=False accepts the "
-            "looser constraint): " + "; ".join(issues)
+            "json_schema keywords the outlines grammar backend would silently ignore (the "
+            "llguidance backend honours them: grammar_backend llguidance; strict=False accepts "
+            "the looser constraint): " + "; ".join(issues)
         )
     whitespace = "" if spec.whitespace is None else spec.whitespace
     try:
         regex = build_regex_from_schema(json.dumps(schema, ensure_ascii=False), whitespace)
     except ValueError as err:
-        raise ValueError(f"json_schema not supported by outlines-core: {err}") from err
+        raise ValueError(
+            f"json_schema not supported by the outlines grammar backend: {err} (the llguidance "
+            "backend may take it: grammar_backend llguidance)"
+        ) from err
     return ResolvedConstraint(normalize_regex(regex), [f"ignored: {i}" for i in issues])
 
 

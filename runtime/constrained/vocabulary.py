@@ -307,6 +307,6 @@ def serve_compiles() -> None:
                     f"{max_index_bytes >> 20} MiB"
                 ).encode()
         except ValueError as err:
-            status, payload = 1, f"outlines-core cannot compile the pattern: {err}".encode()
+            status, payload = 1, f"the outlines backend cannot compile the pattern: {err}".encode()
         stdout.write(struct.pack("<BI", status, len(payload)) + payload)
         stdout.flush()

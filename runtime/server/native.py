@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import EngineConfig
-from ..constrained.spec import constraint_regex
+from ..constrained.backend import check_spec
+from ..constrained.spec import ConstraintSpec, constraint_regex
 from ..limits import check_bounds, check_schema_bounds
 from .errors import APIError
 from .sglang_fields import accept_sglang_fields
@@ -120,10 +121,14 @@ def check_regex(pattern: str, param: str) -> None:
         raise APIError(400, f"{param}: {e}", param) from None
 
 
-def check_json_schema(schema: str | dict[str, Any], param: str, limits: EngineConfig) -> None:
+def check_json_schema(
+    schema: str | dict[str, Any], param: str, limits: EngineConfig, routed: bool = False
+) -> None:
     """A JSON schema over the depth / size bounds, or one the constraint compiler rejects
     (invalid, unsupported, or with keywords it would silently ignore) is a 400 now, with the
-    reason. Building its regex costs up to max_schema_regex_chars: call it off the event loop."""
+    reason. `routed`: the request left the backend to an outlines default, so a schema outlines
+    cannot honour goes to llguidance (constrained/backend.py's pick_backend) and is checked
+    there. Building its regex costs up to max_schema_regex_chars: call it off the event loop."""
     try:
         check_schema_bounds(schema, limits, param)  # its messages name `param`
     except ValueError as e:
@@ -131,7 +136,12 @@ def check_json_schema(schema: str | dict[str, Any], param: str, limits: EngineCo
     try:
         constraint_regex(json_schema=schema)
     except (ValueError, TypeError, RecursionError, OverflowError) as e:
-        raise APIError(400, f"{param}: {e}", param) from None
+        if not routed:
+            raise APIError(400, f"{param}: {e}", param) from None
+        try:
+            check_spec("llguidance", ConstraintSpec.create(json_schema=schema))
+        except (ValueError, TypeError, RecursionError, OverflowError) as e:
+            raise APIError(400, f"{param}: {e}", param) from None
 
 
 def check_constraints(
@@ -139,16 +149,18 @@ def check_constraints(
     limits: EngineConfig,
     prefix: str = "sampling_params.",
     backend: str = "outlines",
+    routed: bool = False,
 ) -> None:
-    """The outlines checks above; another grammar backend names what it refuses when the
-    engine takes the request (constrained/backend.py's check_spec: a ValueError, a 400).
-    Every backend's constraint is bounded first by limits.py, in the engine's parser."""
+    """The outlines checks above (`routed`: see check_json_schema); another grammar backend
+    names what it refuses when the engine takes the request (constrained/backend.py's
+    check_spec: a ValueError, a 400). Every backend's constraint is bounded first by
+    limits.py, in the engine's parser."""
     if backend != "outlines":
         return
     if sp.get("regex") is not None:
         check_regex(sp["regex"], f"{prefix}regex")
     if sp.get("json_schema") is not None:
-        check_json_schema(sp["json_schema"], f"{prefix}json_schema", limits)
+        check_json_schema(sp["json_schema"], f"{prefix}json_schema", limits, routed)
 
 
 def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any], list[str]]:
@@ -179,8 +191,9 @@ def native_request(body: GenerateIn, state: ServerState) -> tuple[dict[str, Any]
     params = req.get("sampling_params")
     per_item = params if isinstance(params, list) else [params or {}] * len(prompts)
     for i, sp in enumerate(per_item):
-        backend = sp.get("grammar_backend") or state.engine.config.grammar_backend
-        check_constraints(sp, state.engine.config, backend=backend)
+        named = sp.get("grammar_backend")
+        backend = named or state.engine.config.grammar_backend
+        check_constraints(sp, state.engine.config, backend=backend, routed=named is None)
         if i < len(prompts):
             state.check_budget(
                 len(prompts[i]), sp.get("max_new_tokens"), "sampling_params.max_new_tokens"

@@ -144,7 +144,7 @@ def test_bad_inputs_fail_their_own_handles_only(smollm_vocab: Any, hang_clock: H
             ConstraintSpec.create(json_schema={"type": "array", "items": {"type": "boolean"}})
         )
         assert _ready(good).error is None
-        assert "outlines-core cannot compile" in _ready(bad_regex).error
+        assert "outlines backend cannot compile" in _ready(bad_regex).error
         assert "lookahead" in _ready(lookaround).error
         assert "#: minimum" in _ready(unsupported).error
         assert "longer than the 60 s limit" in _ready(huge).error

@@ -206,7 +206,7 @@ def test_email_and_uri_formats_use_json_safe_patterns() -> None:
 
 
 def test_outlines_core_errors_are_wrapped() -> None:
-    with pytest.raises(ValueError, match="not supported by outlines-core.*ipv4"):
+    with pytest.raises(ValueError, match="not supported by the outlines grammar backend.*ipv4"):
         resolve(ConstraintSpec.create(json_schema={"type": "string", "format": "ipv4"}))
 
 

@@ -55,13 +55,14 @@ CASES: list[tuple[str, Any, int, str]] = [
             "text": "x",
             "sampling_params": {
                 "json_schema": {
-                    "type": "object",
-                    "properties": {"n": {"type": "integer", "minimum": 3}},
+                    "type": "array",
+                    "items": {"type": "integer"},
+                    "uniqueItems": True,
                 }
             },
         },
         400,
-        "minimum",
+        "uniqueItems",
     ),
     ("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, 400, "temperature"),
     ("/generate", {"text": "x", "sampling_params": {"top_p": 0}}, 400, "top_p"),

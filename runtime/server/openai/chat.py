@@ -33,7 +33,7 @@ def grammar_extras(body: SamplingFields, limits: EngineConfig) -> dict[str, Any]
     (off the event loop: it builds them)."""
     fields = (("regex", body.regex), ("json_schema", body.json_schema), ("ebnf", body.ebnf))
     grammar = {k: v for k, v in fields if v is not None}
-    check_constraints(grammar, limits, "", limits.grammar_backend)
+    check_constraints(grammar, limits, "", limits.grammar_backend, routed=True)
     return grammar
 
 
@@ -109,7 +109,7 @@ def chat_grammar(
         for i, tool in enumerate(plan.tools):
             if tool.function.parameters is not None and limits.grammar_backend == "outlines":
                 param = f"tools[{i}].function.parameters"
-                check_json_schema(tool.function.parameters, param, limits)
+                check_json_schema(tool.function.parameters, param, limits, routed=True)
         grammar = {"json_schema": tool_call_schema(plan)}  # its bounds: the engine's parser
     if plan.mode == "auto" and not grammar:
         grammar = _auto_grammar(plan, body.parallel_tool_calls is not False)
@@ -136,7 +136,9 @@ def _format_grammar(fmt: ResponseFormat, limits: EngineConfig) -> dict[str, Any]
         if fmt.type == "json_schema" and fmt.json_schema and fmt.json_schema.schema_ is not None
         else {"type": "object"}
     )
-    check_constraints({"json_schema": schema}, limits, "response_format.", limits.grammar_backend)
+    check_constraints(
+        {"json_schema": schema}, limits, "response_format.", limits.grammar_backend, routed=True
+    )
     return {"json_schema": schema}
 
 
