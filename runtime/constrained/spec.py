@@ -71,6 +71,10 @@ class ConstraintSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+class IgnoredKeywords(ValueError):
+    """A schema holds keywords outlines-core would drop: another backend may honour them."""
+
+
 @dataclass(slots=True)
 class ResolvedConstraint:
     """The regex to compile, and what was loosened to get it (only when not strict)."""
@@ -98,7 +102,7 @@ def resolve(spec: ConstraintSpec) -> ResolvedConstraint:
     schema = rewrite_formats(json.loads(spec.json_schema))
     issues = schema_issues(schema)
     if issues and spec.strict:
-        raise ValueError(
+        raise IgnoredKeywords(
             "json_schema keywords the outlines grammar backend would silently ignore (the "
             "llguidance backend honours them: grammar_backend llguidance; strict=False accepts "
             "the looser constraint): " + "; ".join(issues)

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import EngineConfig
-from ..constrained.backend import check_spec
+from ..constrained.backend import check_spec, pick_backend
 from ..constrained.spec import ConstraintSpec, constraint_regex
 from ..limits import check_bounds, check_schema_bounds
 from .errors import APIError
@@ -134,14 +134,13 @@ def check_json_schema(
     except ValueError as e:
         raise APIError(400, str(e), param) from None
     try:
-        constraint_regex(json_schema=schema)
+        spec = ConstraintSpec.create(json_schema=schema)
+        if routed:
+            pick_backend(spec, "outlines")
+        else:
+            check_spec("outlines", spec)
     except (ValueError, TypeError, RecursionError, OverflowError) as e:
-        if not routed:
-            raise APIError(400, f"{param}: {e}", param) from None
-        try:
-            check_spec("llguidance", ConstraintSpec.create(json_schema=schema))
-        except (ValueError, TypeError, RecursionError, OverflowError) as e:
-            raise APIError(400, f"{param}: {e}", param) from None
+        raise APIError(400, f"{param}: {e}", param) from None
 
 
 def check_constraints(
