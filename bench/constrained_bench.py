@@ -96,8 +96,13 @@ def tool_calls(engine: Engine, texts: list[str]) -> tuple[list[str], float, floa
 def bench_jump_forward(args) -> list[dict[str, Any]]:
     rows = []
     with (
-        Engine(args.model, dtype=args.dtype) as on,
-        Engine(args.model, dtype=args.dtype, enable_jump_forward=False) as off,
+        Engine(args.model, dtype=args.dtype, grammar_backend=args.grammar_backend) as on,
+        Engine(
+            args.model,
+            dtype=args.dtype,
+            grammar_backend=args.grammar_backend,
+            enable_jump_forward=False,
+        ) as off,
     ):
         for engine in (on, off):  # compile the schema once, outside the timings
             engine.generate("{", {"max_new_tokens": 1, "json_schema": json.dumps(TOOL_SCHEMA)})
@@ -108,7 +113,9 @@ def bench_jump_forward(args) -> list[dict[str, Any]]:
                 for jf, engine in ((True, on), (False, off)):
                     engine.flush_cache()
                     results[jf].append(tool_calls(engine, texts))
-            workload = f"tool-call JSON, {style}, {args.objects} objects, greedy"
+            workload = (
+                f"tool-call JSON, {style}, {args.objects} objects, greedy, {args.grammar_backend}"
+            )
             for metric, idx in (("forward passes per object", 1), ("seconds per object", 2)):
                 v_on = statistics.median(r[idx] for r in results[True])
                 v_off = statistics.median(r[idx] for r in results[False])
@@ -143,7 +150,7 @@ def bench_mask_overhead(args) -> list[dict[str, Any]]:
         spent[0] += time.perf_counter() - t
         return out
 
-    with Engine(args.model, dtype=args.dtype) as engine:
+    with Engine(args.model, dtype=args.dtype, grammar_backend=args.grammar_backend) as engine:
         texts = prompts(engine, 32)
         params = {"max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(TOOL_SCHEMA)}
         engine.generate(texts[0], {**params, "max_new_tokens": 1})
@@ -157,7 +164,7 @@ def bench_mask_overhead(args) -> list[dict[str, Any]]:
             output_processor.fill_bitmask = real_fill
     return [
         {
-            "workload": "32 constrained requests in one batch",
+            "workload": f"32 constrained requests in one batch, {args.grammar_backend}",
             "metric": "mask share of time",
             "jump_forward_on": spent[0] / total,
         }
@@ -172,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--objects", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--grammar-backend", default="outlines", choices=["outlines", "llguidance"])
     args = p.parse_args(argv)
     rows = [
         {"model": args.model, "dtype": args.dtype, **r}

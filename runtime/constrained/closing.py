@@ -2,13 +2,24 @@
 constraint, the rest of its output is the shortest completion found, so it ends valid within
 max_new_tokens instead of being cut inside a string or an array.
 
-`ClosingMatcher` wraps a request's matcher. While at most WINDOW tokens of the budget remain,
-each mask first looks for a short completion from the current state (`closing_path`: a
-depth-first search over closing tokens and one-character ones, taking the grammar's forced
-text whole, trying first the tokens that leave the fewest strings, arrays and objects open —
-`Nesting`, a JSON-text measure — and the closing tokens before the others). Once that
-completion is within MARGIN tokens of the budget, the mask allows only its next token, then
-only EOS. Before that it is the inner matcher unchanged: exact until it triggers. MARGIN
+`ClosingMatcher` wraps a request's matcher. Now and then a mask first looks for a short
+completion from the current state (`closing_path`: a depth-first search over closing tokens
+and one token per character class, taking the grammar's forced text whole, trying first the
+tokens that leave the fewest strings, arrays and objects open — `Nesting`, a JSON-text
+measure — then the closing tokens before the others, and a token that repeats one of the last
+few after the others, so that a digit run or a `{"type":{"type":...` recursion is not
+followed down to the limit). Once that completion is within MARGIN tokens of the budget, the
+mask allows only its next token, then only EOS. Before that it is the inner matcher
+unchanged: exact until it triggers.
+
+When to search: first when at most WINDOW tokens of the budget remain (for most requests: at
+the first token, since the shortest completion of a large schema's required keys can take
+hundreds of tokens), then half way to the point where the last completion found would be
+taken, so a completion that grows with the output is followed in a few searches; at once when
+the output is nested deeper than at any search before (a token that opens an object whose
+required keys take a hundred tokens; a recursion searches once per level, each search about
+as long as the depth); after a miss, when a container closes or RETRY_AFTER tokens on, twice
+as long each time. MARGIN
 covers one token that lengthens the completion by several (a token that opens an object with
 required keys); a token that lengthens it by more can still leave the output cut, as it would
 be without early closing.
@@ -25,14 +36,15 @@ if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
     from .backend import GrammarMatcher
 
-WINDOW = 64  # remaining tokens below which completions are searched for
+WINDOW = 1024  # remaining tokens at which the first completion is searched for
 MARGIN = 8  # how far ahead of the budget a found completion is taken
-MAX_SEARCH_TOKENS = 128  # tokens one search may try (accept + roll back)
-RETRY_AFTER = 32  # tokens before a search that found nothing is tried again
+MAX_SEARCH_TOKENS = 128  # tokens one search may try (accept + roll back), plus 2 per token of
+# its limit: a completion of 100 tokens is not found in 128 tries if it takes any detour
+RETRY_AFTER = 32  # tokens before a search that found nothing is tried again (doubling)
+RECENT = 4  # a token among the last RECENT of the path is tried after the others
 # Tried first, in this order: closers, then separators and the shortest JSON values.
 _CLOSING_TEXTS = ['"}', '"]', "}}", "]}", "}]", "]]", '"', "}", "]", ",", "0", '""', "null"]
 _CLOSING_TEXTS += ["false", "true", "[]", "{}", ":", "1", "a", "e", "x", "-", "."]
-_NUM_FALLBACK = 3  # shortest allowed tokens tried where no closing token is allowed
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +84,7 @@ class ClosingTokens:
 
     closing: np.ndarray  # ids, in priority order
     short: np.ndarray  # ids
+    short_class: np.ndarray  # per short token: its character class (see `_char_class`)
     texts: dict[int, str]
     vocab_size: int
 
@@ -86,17 +99,32 @@ class ClosingTokens:
         short = [t for t, text in texts.items() if t not in closing and len(text) == 1]
         kept = {t: texts[t] for t in (*closing, *short)}
         ids = np.array(closing, dtype=np.int64), np.array(short, dtype=np.int64)
-        return cls(*ids, kept, tokenizer.vocab_size)
+        classes = np.array([_char_class(texts[t]) for t in short], dtype=np.int64)
+        return cls(*ids, classes, kept, tokenizer.vocab_size)
 
     def allowed(self, m: GrammarMatcher, row: np.ndarray) -> list[int]:
-        """The closing tokens `m` allows, then its first few allowed short ones: one mask."""
+        """The closing tokens `m` allows, then its first allowed short token of each character
+        class: one mask."""
         m.fill_mask(row)
         bits = row.view(np.uint32)
 
         def keep(ids: np.ndarray) -> np.ndarray:
-            return ids[(bits[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1]
+            return (bits[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1
 
-        return keep(self.closing).tolist() + keep(self.short)[:_NUM_FALLBACK].tolist()
+        short = keep(self.short)
+        _, first = np.unique(self.short_class[short], return_index=True)
+        return self.closing[keep(self.closing)].tolist() + self.short[short][first].tolist()
+
+
+def _char_class(text: str) -> int:
+    """Digits, lower-case and upper-case letters and non-ASCII characters are one class each
+    (one of them stands for the rest in a search); any other character is its own class."""
+    ch = text[0]
+    if not ch.isascii():
+        return 1
+    if ch.isdigit() or ch.isalpha():
+        return 2 + ch.isdigit() + 2 * ch.isupper()
+    return 8 + ord(ch)
 
 
 def closing_path(
@@ -109,7 +137,7 @@ def closing_path(
     """A completion of at most `limit` tokens that makes `m` final, or None; `m` is left as
     it was (each token tried is accepted, then rolled back). nesting: of the text so far."""
     path: list[int] = []
-    budget = [MAX_SEARCH_TOKENS]
+    budget = [MAX_SEARCH_TOKENS + 2 * limit]
     row = np.zeros((tokens.vocab_size + 31) // 32, dtype=np.int32)
 
     def search(at: Nesting) -> bool:
@@ -128,7 +156,9 @@ def closing_path(
             return False
         options = tokens.allowed(m, row)
         after = {t: at.feed(tokens.texts[t]) for t in options}
-        for t in sorted(options, key=lambda t: after[t].open):  # stable: priority breaks ties
+        recent = path[-RECENT:]
+        # stable: the closing texts' priority, then token order, break ties
+        for t in sorted(options, key=lambda t: (after[t].open, t in recent)):
             budget[0] -= 1
             m.accept_token(t)
             path.append(t)
@@ -163,6 +193,8 @@ class ClosingMatcher:
         self.next_search = 0  # num_accepted at which to search again
         self.searched_depth = 0  # containers open at the last search
         self.missed = False  # the last search found no completion within the budget
+        self.deepest = 0  # the most containers open at any search
+        self.misses = 0  # searches that found nothing
 
     @property
     def error(self) -> str | None:
@@ -175,22 +207,25 @@ class ClosingMatcher:
         return self.path[self.num_accepted - self.path_start :]
 
     def _maybe_close(self) -> None:
-        """Search for a completion when one may be due: half way to the last one's trigger
-        point, or at once when a container has opened since; after a miss (no completion fits
-        the budget, which only shrinks), when a container has closed, or RETRY_AFTER tokens
-        on."""
+        """Search for a completion when one may be due (see the module's docstring)."""
         remaining = self.max_new_tokens - self.num_accepted
         if self.path is not None or not 0 < remaining <= WINDOW or self.inner.is_finished():
             return
         depth = self.nesting[-1].depth
-        moved = depth < self.searched_depth if self.missed else depth > self.searched_depth
+        if self.missed:
+            moved = depth < self.searched_depth
+        else:  # deeper than any search has been: the completion may have grown a lot at once
+            moved = depth > self.deepest
         if self.num_accepted < self.next_search and not moved:
             return
         path = closing_path(self.inner, remaining, self.tokens, self.tokenizer, self.nesting[-1])
         self.searched_depth, self.missed = depth, path is None
-        if path is None:
-            self.next_search = self.num_accepted + RETRY_AFTER
-        elif len(path) + MARGIN >= remaining:
+        self.deepest = max(self.deepest, depth)
+        if path is None:  # tried again later and later: a miss costs its whole search budget
+            self.next_search = self.num_accepted + (RETRY_AFTER << min(self.misses, 4))
+            self.misses += 1
+            return
+        if len(path) + MARGIN >= remaining:
             self.path, self.path_start, self.closed_early = path, self.num_accepted, True
         else:
             self.next_search = self.num_accepted + max(1, (remaining - len(path) - MARGIN) // 2)

@@ -65,6 +65,61 @@ def test_closing_path_completes_and_leaves_the_matcher_as_it_was(
     assert closing_path(c.matcher().inner, 2, tokens, c.tokenizer) is None  # no room: None
 
 
+UUID = "^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$"
+# An order whose shortest completion is long: six required keys, two of them 36-character ids
+# that the search writes a character at a time (about 100 tokens in all).
+ORDER = {
+    "type": "object",
+    "properties": {
+        "orders": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "note": {"type": "string"},
+                    "card": {"type": "string", "pattern": UUID},
+                    "id": {"type": "integer"},
+                    "ref": {"type": "string", "pattern": UUID},
+                    "time": {"type": "string", "pattern": "^[0-2][0-9](:[0-5][0-9]){2}$"},
+                    "size": {"enum": ["Small", "Large"]},
+                },
+                "required": ["note", "card", "id", "ref", "time", "size"],
+            },
+        }
+    },
+    "required": ["orders"],
+}
+
+
+@pytest.mark.parametrize(
+    "schema, prefix",
+    [
+        (ORDER, '{"orders":[{"note":"a long note'),
+        # a fraction's digits can go on forever: the search must leave the run for the "Z"
+        ({"type": "string", "pattern": r"^\d{2}:\d{2}(\.\d+)?Z$"}, '"20:00.000000'),
+        # a recursion the output went deep into: one closing bracket per level
+        (
+            {
+                "$ref": "#/$defs/n",
+                "$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}}},
+            },
+            '{"n":' * 40,
+        ),
+    ],
+)
+def test_long_and_looping_completions_are_found(schema, prefix, closing_tokens) -> None:
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    m = c.matcher().inner
+    for t in c.tokenizer.encode(prefix):
+        m.accept_token(t)
+    path = closing_path(m, 200, closing_tokens, c.tokenizer, Nesting().feed(prefix))
+    assert path is not None
+    for t in path:
+        m.accept_token(t)
+    assert m.is_final()
+    jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), schema)
+
+
 @pytest.fixture(scope="module")
 def engine():
     with Engine("smollm2-135m", dtype="float32", kv_cache_mb=128) as e:
@@ -92,6 +147,18 @@ def test_a_json_output_ends_valid_within_the_budget(engine) -> None:
     with pytest.raises(json.JSONDecodeError):
         json.loads(cut["text"])
     assert cut["text"].startswith(out["text"][: len(out["text"]) // 2])  # exact until it closed
+
+
+def test_a_long_completion_is_taken_in_time(engine) -> None:
+    """The shortest completion is about 100 tokens, longer than the last stretch of the budget
+    where a search would once have begun: the first search comes early enough to see it."""
+    prompt = engine.apply_chat_template([{"role": "user", "content": "Coffee orders as JSON."}])
+    params = {"json_schema": json.dumps(ORDER), "max_new_tokens": 160, "temperature": 0}
+    params["logit_bias"] = _no_closing_brackets(engine)
+    out = engine.generate(prompt, params)
+    assert out["meta_info"]["closed_early"] is True
+    assert out["meta_info"]["completion_tokens"] <= 160
+    jsonschema.validate(json.loads(out["text"]), ORDER)
 
 
 def test_regex_constraints_are_not_closed_early_unless_asked(engine) -> None:
