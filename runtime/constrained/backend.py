@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import GRAMMAR_BACKENDS
 from ..faults import Faults
+from .spec import IgnoredKeywords
 from .vocabulary import CompileLimits
 
 if TYPE_CHECKING:
@@ -106,13 +107,13 @@ def check_spec(name: str, spec: ConstraintSpec) -> None:
 def pick_backend(spec: ConstraintSpec, default: str, named: str | None = None) -> str:
     """The backend that decodes `spec`, checked: ValueError names what it cannot honour.
 
-        A backend the request names is the one used. Otherwise a grammar goes to llguidance (only
-        it takes one), and so does a JSON schema the outlines default cannot honour: a keyword it
-        would silently drop (pydantic's `minimum` / `maximum` from `Field(ge=, le=)`, say) or a
-        schema it cannot build. llguidance decodes such a schema as written, bounds included,
-        where outlines could only refuse it; every schema outlines takes stays with outlines, so
-        no request it served changes. When llguidance refuses the schema too, its error is the
-        one raised for dropped keywords (it names the keyword and its path); for a schema outlines
+    A backend the request names is the one used. Otherwise a grammar goes to llguidance (only
+    it takes one), and so does a JSON schema the outlines default cannot honour: a keyword it
+    would silently drop (pydantic's `minimum` / `maximum` from `Field(ge=, le=)`, say) or a
+    schema it cannot build. llguidance decodes such a schema as written, bounds included,
+    where outlines could only refuse it; every schema outlines takes stays with outlines, so
+    no request it served changes. When llguidance refuses the schema too, its error is the
+    one raised for dropped keywords (it names the keyword and its path); for a schema outlines
     cannot build, outlines' own reason is."""
     if named is not None:
         check_spec(named, spec)
@@ -120,8 +121,6 @@ def pick_backend(spec: ConstraintSpec, default: str, named: str | None = None) -
     if spec.ebnf is not None:
         check_spec("llguidance", spec)
         return "llguidance"
-    from .spec import IgnoredKeywords
-
     try:
         check_spec(default, spec)
         return default

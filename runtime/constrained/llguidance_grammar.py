@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -30,33 +31,37 @@ _NAMED_SUBSCHEMAS = frozenset(
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
-def grammar_texts(spec: Any) -> list[tuple[str, list[str]]]:
+def grammar_texts(spec: Any) -> Iterator[tuple[str, list[str]]]:
     """The llguidance grammars (JSON documents) to try for a ConstraintSpec, in order, each
     with notes on how it was made: a schema as written, then (where it differs) rewritten
-    (schema_rewrite.py), so that what llguidance takes as written is never rewritten. A regex
+    (schema_rewrite.py), so that what llguidance takes as written is never rewritten. Lazy:
+    the rewrite is made only for a caller that goes on past the schema as written. A regex
     is checked as for outlines (regex_check.py: unsupported features named, ^/$ dropped), so
     both backends take the same dialect; grammar errors surface when llguidance builds it."""
     from llguidance import LLMatcher
 
     if spec.regex is not None:
-        return [(LLMatcher.grammar_from_regex(normalize_regex(spec.regex)), [])]
+        yield LLMatcher.grammar_from_regex(normalize_regex(spec.regex)), []
+        return
     if spec.choices is not None:
-        return [(LLMatcher.grammar_from_regex(choices_regex(spec.choices)), [])]
+        yield LLMatcher.grammar_from_regex(choices_regex(spec.choices)), []
+        return
     if spec.dtype is not None:
-        return [(LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), [])]
+        yield LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), []
+        return
     if spec.ebnf is not None:
-        return [(ebnf_grammar(spec.ebnf), [])]
+        yield ebnf_grammar(spec.ebnf), []
+        return
     options: dict[str, Any] = dict(_COMPACT)
     if spec.whitespace is not None:
         options = {"whitespace_flexible": False, "whitespace_pattern": spec.whitespace}
     if not spec.strict:
         options |= {"lenient": True, "coerce_one_of": True}
     schema = json.loads(spec.json_schema)
-    texts = [(LLMatcher.grammar_from_json_schema(schema, overrides=options), [])]
+    yield LLMatcher.grammar_from_json_schema(schema, overrides=options), []
     rewritten, notes = rewrite_schema(schema, known_format)
     if rewritten != schema:
-        texts.append((LLMatcher.grammar_from_json_schema(rewritten, overrides=options), notes))
-    return texts
+        yield LLMatcher.grammar_from_json_schema(rewritten, overrides=options), notes
 
 
 def ebnf_grammar(text: str) -> str:
