@@ -178,35 +178,19 @@ def _instructor(url: str, http: httpx.Client, mode: instructor.Mode) -> Ask:
     return ask
 
 
-def _openai_parse(url: str, http: httpx.Client) -> Ask:
+def _openai_parse(url: str, http: httpx.Client, as_tool: bool) -> Ask:
+    """`parse` with the model as response_format, or as a forced strict tool (closed objects)."""
     client = openai.OpenAI(base_url=url, api_key="none", http_client=http, max_retries=0)
 
     def ask(model: type[BaseModel], prompt: str) -> BaseModel:
+        how: dict[str, Any] = {"response_format": model}
+        if as_tool:
+            how = {"tools": [openai.pydantic_function_tool(model)], "tool_choice": "required"}
         r = client.chat.completions.parse(
-            model=MODEL,
-            messages=_user(prompt),
-            response_format=model,
-            temperature=0,
-            max_tokens=MAX_TOKENS,
+            model=MODEL, messages=_user(prompt), temperature=0, max_tokens=MAX_TOKENS, **how
         )
-        return r.choices[0].message.parsed
-
-    return ask
-
-
-def _openai_parse_tool(url: str, http: httpx.Client) -> Ask:
-    client = openai.OpenAI(base_url=url, api_key="none", http_client=http, max_retries=0)
-
-    def ask(model: type[BaseModel], prompt: str) -> BaseModel:
-        r = client.chat.completions.parse(
-            model=MODEL,
-            messages=_user(prompt),
-            tools=[openai.pydantic_function_tool(model)],  # strict, closed objects
-            tool_choice="required",
-            temperature=0,
-            max_tokens=MAX_TOKENS,
-        )
-        return r.choices[0].message.tool_calls[0].function.parsed_arguments
+        message = r.choices[0].message
+        return message.tool_calls[0].function.parsed_arguments if as_tool else message.parsed
 
     return ask
 
@@ -245,11 +229,7 @@ def _client(mode: str, url: str, http: httpx.Client) -> Ask:
     if library == "instructor":
         return _instructor(url, http, instructor.Mode[rest])
     if library == "openai":
-        return (
-            _openai_parse(url, http)
-            if rest.endswith("response_format")
-            else (_openai_parse_tool(url, http))
-        )
+        return _openai_parse(url, http, as_tool=rest.endswith("tools"))
     method, _, strict = rest.partition("-")
     return _langchain(url, http, method, True if strict else None)
 
