@@ -87,7 +87,7 @@ def known_format(name: str) -> bool:
 
 def refusal(spec: Any, error: str) -> str:
     """llguidance's compile error, with the schema keyword and its path where one is named."""
-    first = error.strip().splitlines()[0] if error.strip() else "unknown error"
+    first = one_line(error)
     if spec.json_schema is None:
         kind = "regex" if spec.regex is not None else "ebnf" if spec.ebnf else "constraint"
         return f"{kind} not supported by llguidance: {first}"
@@ -101,6 +101,16 @@ def refusal(spec: Any, error: str) -> str:
             f"backend ({first}); remove it, or pass strict=False to approximate it"
         )
     return f"json_schema not supported by the llguidance backend: {first}"
+
+
+def one_line(error: str) -> str:
+    """An llguidance error on one line: its first line, or, where that is a header ending in
+    ':' (a regex parse error), the header with the offending text and the reason under it,
+    without the line of carets that points into the text."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip().strip("^")]
+    if not lines:
+        return "unknown error"
+    return " ".join(lines) if lines[0].endswith(":") else lines[0]
 
 
 def blocking_error(errors: list[str]) -> str:

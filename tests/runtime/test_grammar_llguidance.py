@@ -147,6 +147,15 @@ def test_refusals_name_keyword_and_path(schema: Any, keyword: str, path: str) ->
         stemma.Constraint(json_schema=schema, backend="llguidance")
 
 
+def test_a_pattern_llguidance_cannot_parse_is_refused_with_the_reason() -> None:
+    schema = {"type": "string", "pattern": "a{0,4294967296}"}
+    with pytest.raises(ValueError) as err:
+        stemma.Constraint(json_schema=schema, backend="llguidance")
+    message = str(err.value)
+    assert "regex parse error: a{0,4294967296}" in message and "decimal literal" in message
+    assert "^^" not in message and "\n" not in message
+
+
 def test_not_strict_approximates_and_warns() -> None:
     c = stemma.Constraint(
         json_schema={"type": "array", "uniqueItems": True}, backend="llguidance", strict=False
