@@ -19,7 +19,7 @@ from typing import Any
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex
 from .regex_check import normalize_regex
-from .schema_logic import pointer_escape
+from .schema_logic import DATA_KEYWORDS, pointer_escape
 from .schema_rewrite import rewrite_schema
 
 DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
@@ -28,7 +28,6 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator"
 _NAMED_SUBSCHEMAS = frozenset(
     "properties patternProperties $defs definitions dependentSchemas".split()
 )
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
 def grammar_texts(spec: Any) -> Iterator[tuple[str, list[str]]]:
@@ -148,7 +147,7 @@ def _find(node: Any, keywords: tuple[str, ...], value: Any, path: str) -> tuple[
         if keyword in node and (value is None or node[keyword] == value):
             return keyword, path
     for key, child in node.items():
-        if key in _DATA_KEYWORDS:
+        if key in DATA_KEYWORDS:
             continue
         if key in _NAMED_SUBSCHEMAS and isinstance(child, dict):
             for name, sub in child.items():

@@ -13,6 +13,7 @@ from typing import Any
 
 from .json_safe import can_match_unsafe
 from .regex_check import scan_regex
+from .schema_logic import DATA_KEYWORDS
 
 _ANNOTATIONS = frozenset(
     "title description default examples $schema $id $comment $defs definitions $anchor "
@@ -42,7 +43,6 @@ _TYPE_KEYWORDS: dict[str, frozenset[str]] = {
     "null": frozenset(),
 }
 _ALL_KEYWORDS = _ANY_TYPE.union(*_TYPE_KEYWORDS.values())
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 # outlines-core's own email / uri regexes can emit '"' inside the JSON string; these cannot.
 # Other formats (date, time, date-time, uuid) are honoured by shape only: 2023-02-31 passes.
 _SAFE_FORMAT_PATTERNS = {
@@ -64,7 +64,7 @@ def rewrite_formats(node: Any) -> Any:
         return [rewrite_formats(x) for x in node]
     if not isinstance(node, dict):
         return node
-    out = {k: v if k in _DATA_KEYWORDS else rewrite_formats(v) for k, v in node.items()}
+    out = {k: v if k in DATA_KEYWORDS else rewrite_formats(v) for k, v in node.items()}
     fmt = out.get("format")
     if isinstance(fmt, str) and fmt in _SAFE_FORMAT_PATTERNS:
         if not {"pattern", "minLength", "maxLength"} & out.keys():

@@ -13,6 +13,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
+# Keywords whose values are JSON data, not subschemas: a walk over a schema's subschemas skips them.
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
 JSON_TYPES = frozenset({"null", "boolean", "object", "array", "number", "string"})
 # Every keyword of JSON Schema (drafts 4 to 2020-12) that can fail an instance; any other key
 # (title, description, default, a vendor's own) is an annotation and never fails one.

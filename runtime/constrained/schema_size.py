@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .schema_logic import DATA_KEYWORDS
+
 _MAX_REF_DEPTH = 3  # outlines-core's max_recursion_depth: deeper refs fail to build anyway
 _GENERIC = 14_000  # `{}` is 12955 characters; a bare object or array about 6400 (0.2.14)
 _LEAF_BY_TYPE = {"string": 50, "number": 100, "integer": 50, "boolean": 12, "null": 4}
@@ -28,7 +30,6 @@ _COUNT_KEYWORDS = frozenset(
     "minDigitsInteger maxDigitsInteger minDigitsFraction maxDigitsFraction minDigitsExponent "
     "maxDigitsExponent".split()
 )
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas
 
 
 def json_depth(value: Any) -> int:
@@ -61,7 +62,7 @@ def oversized_count(schema: Any) -> tuple[str, Any] | None:
                 if key in _COUNT_KEYWORDS and isinstance(value, (int, float)):
                     if not value < MAX_COUNT:  # NaN too
                         return key, value
-                elif key not in _DATA_KEYWORDS:
+                elif key not in DATA_KEYWORDS:
                     stack.append(value)
     return None
 

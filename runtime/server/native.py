@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import EngineConfig
-from ..constrained.backend import check_spec, pick_backend
+from ..constrained.backend import pick_backend
 from ..constrained.spec import ConstraintSpec, constraint_regex
 from ..limits import check_bounds, check_schema_bounds
 from .errors import APIError
@@ -134,11 +134,9 @@ def check_json_schema(
     except ValueError as e:
         raise APIError(400, str(e), param) from None
     try:
-        spec = ConstraintSpec.create(json_schema=schema)
-        if routed:
-            pick_backend(spec, "outlines")
-        else:
-            check_spec("outlines", spec)
+        pick_backend(
+            ConstraintSpec.create(json_schema=schema), "outlines", None if routed else "outlines"
+        )
     except (ValueError, TypeError, RecursionError, OverflowError) as e:
         raise APIError(400, f"{param}: {e}", param) from None
 

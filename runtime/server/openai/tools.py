@@ -24,11 +24,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ...constrained.schema_logic import DATA_KEYWORDS
 from .protocol import ChatCompletionRequest, NamedToolChoice, Tool
 
 _WRAPPER = re.compile(r"^<tool_call>(.*)</tool_call>$|^```(?:json)?(.*)```$", re.DOTALL)
 _EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
 @dataclass(slots=True)
@@ -96,19 +96,8 @@ def _rebase_refs(node: Any, base: str) -> Any:
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             out[key] = f"#{base}{value[1:]}"
         else:  # enum / const / default / examples are data, but hold no string "$ref" keys
-            out[key] = value if key in _DATA_KEYWORDS else _rebase_refs(value, base)
+            out[key] = value if key in DATA_KEYWORDS else _rebase_refs(value, base)
     return out
-
-
-def _has_local_ref(node: Any) -> bool:
-    if isinstance(node, list):
-        return any(_has_local_ref(x) for x in node)
-    if not isinstance(node, dict):
-        return False
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        return True
-    return any(_has_local_ref(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
 
 
 def _placed_parameters(tools: list[Tool]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -125,13 +114,13 @@ def _placed_parameters(tools: list[Tool]) -> tuple[dict[str, Any], dict[str, Any
     for tool in tools:
         name, params = tool.function.name, tool.function.parameters or _EMPTY_PARAMS
         try:
-            if not _has_local_ref(params):
-                placed[name] = params
-                continue
-            defs[name] = _rebase_refs(params, f"/$defs/{name}")
+            rebased = _rebase_refs(params, f"/$defs/{name}")
         except RecursionError:
             raise ValueError(f"the parameters of tool {name!r} nest too deeply") from None
-        placed[name] = {"$ref": f"#/$defs/{name}"}
+        if rebased == params:  # no local ref: the parameters stay inline
+            placed[name] = params
+        else:
+            defs[name], placed[name] = rebased, {"$ref": f"#/$defs/{name}"}
     return placed, defs
 
 
