@@ -9,9 +9,16 @@ left in place and the backend refuses it by name):
   a required key the other branch forbids), else "branch i and not the others";
 - `if`/`then`/`else`: `anyOf [if ∧ then, ¬if ∧ else]`;
 - `uniqueItems` where at most one item is allowed;
+- a subschema whose instances come from a listed set (`enum` / `const`, its own or an `allOf`
+  member's) next to any of the above: the listed values that pass it (schema_finite.py);
+- `minProperties` / `maxProperties` that the required and the closed properties already imply,
+  and "at least one" / "at most one" property said by naming which one is there;
 - `format` values llguidance does not know: JSON Schema makes an unknown format an annotation,
   which validators do not check; each one dropped is reported in the notes.
-A rewrite that would grow the schema past a bound (`MAX_GROWTH`) is not made.
+A recursive `$ref` that llguidance would have to intersect is replaced by its target
+(schema_refs.py). A rewrite that would grow the schema past a bound (`MAX_GROWTH`) is not
+made. A node left with nothing to assert but one conjunct becomes that conjunct, not an
+`allOf` of one: llguidance cannot intersect a recursive `$ref` with siblings, even empty ones.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .schema_logic import ASSERTIONS, SchemaLogic, pointer_escape
+from .schema_finite import FiniteFolder, annotations
+from .schema_logic import ASSERTIONS, SchemaLogic, pointer, pointer_escape
+from .schema_refs import inline_cyclic_refs
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
 _ONE = frozenset(
@@ -29,6 +38,11 @@ _ONE = frozenset(
 _MANY = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _MAP = frozenset("properties patternProperties $defs definitions dependentSchemas".split())
 MAX_GROWTH = 16  # a rewritten schema may be at most this many times the original's size
+# Keywords llguidance refuses in some or all of their forms: a listed set beside one is folded.
+_FOLDED_BESIDE = frozenset(
+    "not oneOf if dependencies dependentRequired dependentSchemas uniqueItems propertyNames "
+    "minProperties maxProperties allOf".split()
+)
 
 
 def rewrite_schema(schema: Any, known_format: Any) -> tuple[Any, list[str]]:
@@ -36,7 +50,7 @@ def rewrite_schema(schema: Any, known_format: Any) -> tuple[Any, list[str]]:
 
     known_format(name) -> bool says which `format` values the backend checks."""
     rw = _Rewriter(schema, known_format)
-    out = rw.node(schema, "#")
+    out = inline_cyclic_refs(rw.node(schema, "#"))
     if len(json.dumps(out)) > MAX_GROWTH * len(json.dumps(schema)) + 4096:
         return schema, []
     return out, rw.notes
@@ -46,6 +60,7 @@ class _Rewriter(SchemaLogic):
     def __init__(self, root: Any, known_format: Any) -> None:
         super().__init__(root)
         self.known_format = known_format
+        self.finite = FiniteFolder(root)
         self.notes: list[str] = []
 
     def node(self, s: Any, path: str) -> Any:
@@ -76,6 +91,8 @@ class _Rewriter(SchemaLogic):
         return self.own(out, path)
 
     def own(self, s: dict[str, Any], path: str) -> dict[str, Any]:
+        if _FOLDED_BESIDE & set(s) and (folded := self.fold(s, path)) is not None:
+            return folded
         extra: list[Any] = []
         fmt = s.get("format")
         if isinstance(fmt, str) and not self.known_format(fmt):
@@ -95,17 +112,28 @@ class _Rewriter(SchemaLogic):
             extra.append(conditional)
             s = _without(s, "if", "then", "else")
         if isinstance(s.get("oneOf"), list) and (exclusive := self.one_of(s["oneOf"])) is not None:
-            extra.append(exclusive)
             s = _without(s, "oneOf")
+            if "anyOf" in exclusive and "anyOf" not in s:
+                s = {**s, "anyOf": exclusive["anyOf"]}  # in place: no allOf around recursive refs
+            else:
+                extra.append(exclusive)
         if s.get("uniqueItems") is True and _int(s.get("maxItems"), 2) <= 1:
             s = _without(s, "uniqueItems")
+        s, at_least_one = _property_counts(s)
+        if at_least_one is not None:
+            extra.append(at_least_one)
         if "$ref" in s and any(k in ASSERTIONS and k != "$ref" for k in s):
             # the same conjunction, which llguidance also takes when the $ref is recursive
             extra.insert(0, {"$ref": s["$ref"]})
             s = _without(s, "$ref")
-        if extra:
-            s = {**s, "allOf": [*s.get("allOf", []), *extra]}
-        return s
+        return _conjoin(s, extra)
+
+    def fold(self, s: dict[str, Any], path: str) -> dict[str, Any] | None:
+        """The subschema at `path` as written, as the listed values that pass it."""
+        original = pointer(self.root, path)
+        if not isinstance(original, dict):
+            return None
+        return self.finite.fold(original, annotations(s))
 
     def conditional(self, s: dict[str, Any]) -> Any:
         negated = self.negate(s["if"], 0)
@@ -126,6 +154,54 @@ class _Rewriter(SchemaLogic):
                 for i, b in enumerate(branches)
             ]
         }
+
+
+def _conjoin(s: dict[str, Any], extra: list[Any]) -> dict[str, Any]:
+    """`s` and every schema in `extra`: the one schema merged into `s` where `s` asserts
+    nothing and their keys do not meet, else an `allOf`."""
+    if not extra:
+        return s
+    if (
+        len(extra) == 1
+        and isinstance(extra[0], dict)
+        and not any(k in ASSERTIONS for k in s)
+        and not set(extra[0]) & set(s)
+    ):
+        return {**s, **extra[0]}
+    return {**s, "allOf": [*s.get("allOf", []), *extra]}
+
+
+def _property_counts(s: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """(`s` without the property counts llguidance cannot take, the schema that says them
+    instead, or None). llguidance takes min/maxProperties only where every listed property
+    is required; counts the other keywords imply are dropped, and "at least one" and "at most
+    one" are said by naming which property is there."""
+    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    required = {k for k in _list(s.get("required")) if isinstance(k, str)}
+    low, high = _int(s.get("minProperties"), -1), _int(s.get("maxProperties"), -1)
+    closed = s.get("additionalProperties") is False and "patternProperties" not in s
+    if 0 <= low <= len(required):
+        s, low = _without(s, "minProperties"), -1
+    if high >= 0 and closed and len(props) <= high:
+        s, high = _without(s, "maxProperties"), -1
+    if not props or required >= set(props) or (low < 0 and high < 0):
+        return s, None
+    none_named = {"properties": {k: False for k in props}, "minProperties": 1}
+    if low == 1 and high < 0:  # a named property, or another one
+        branches = [*({"required": [k]} for k in props), none_named]
+    elif high == 1 and low <= 1:  # one named property and nothing else, or one other, or none
+        only = [
+            {"required": [k], "properties": {k: True}, "additionalProperties": False} for k in props
+        ]
+        branches = [*only, {**none_named, "maxProperties": 1}]
+        branches += [{**none_named, "minProperties": 0, "maxProperties": 0}] if low <= 0 else []
+    else:
+        return s, None
+    return _without(s, "minProperties", "maxProperties"), {"anyOf": branches}
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else [v] if v is not None else []
 
 
 def _dependency(key: str, dependency: Any) -> Any:

@@ -83,6 +83,80 @@ EXACT = [
         [{"kind": "num", "n": 1}, {"kind": "num"}, {"kind": "str"}, {"kind": "str", "n": 1}],
     ),
     ({"type": "array", "maxItems": 1, "uniqueItems": True}, [[], [1], [1, 1]]),
+    # a listed set beside what llguidance refuses: the listed values that pass
+    (
+        {"allOf": [{"enum": [1.1, 2, "x", None]}, {"not": {"type": ["integer", "string"]}}]},
+        [1.1, 2, "x", None, 3],
+    ),
+    (
+        {
+            "$defs": {"s": {"type": "string"}},
+            "allOf": [{"$ref": "#/$defs/one"}, {"not": {"not": {"not": {"$ref": "#/$defs/s"}}}}],
+        }
+        | {"$defs": {"s": {"type": "string"}, "one": {"enum": ["a", 1, {"k": [1]}]}}},
+        ["a", 1, {"k": [1]}, 2],
+    ),
+    ({"type": "integer", "enum": [1, 2, 3], "oneOf": [{"minimum": 2}, {"maximum": 2}]}, [1, 2, 3]),
+    # property counts: implied ones dropped, "at least one" and "at most one" by name
+    ({"properties": {"a": INT, "b": INT}, "minProperties": 0}, [{}, {"a": 1}, {"a": "x"}]),
+    (
+        {
+            "type": "object",
+            "properties": {"a": INT, "b": INT},
+            "required": ["a"],
+            "minProperties": 1,
+        },
+        [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": INT, "b": INT},
+            "additionalProperties": False,
+            "maxProperties": 2,
+        },
+        [{}, {"a": 1, "b": 2}, {"c": 1}],
+    ),
+    (
+        {"type": "object", "properties": {"a": INT, "b": STR}, "minProperties": 1},
+        [{}, {"a": 1}, {"b": "x"}, {"z": None}, {"a": "x"}, {"a": 1, "z": 2}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": INT, "b": STR},
+            "minProperties": 1,
+            "maxProperties": 1,
+        },
+        [{}, {"a": 1}, {"b": "x"}, {"z": None}, {"a": 1, "b": "x"}, {"a": 1, "z": 2}],
+    ),
+    (
+        {"type": "object", "properties": {"a": INT}, "maxProperties": 1},
+        [{}, {"a": 1}, {"z": 1}, {"a": 1, "z": 2}, {"y": 1, "z": 2}, {"a": "x"}],
+    ),
+    # a recursive $ref that llguidance would intersect with its siblings: its target instead
+    (
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": STR, "note": STR},
+            "oneOf": [{"$ref": "#/definitions/leaf"}, {"$ref": "#/definitions/group"}],
+            "definitions": {
+                "leaf": {"properties": {"type": {"enum": ["leaf"]}, "n": INT}},
+                "group": {
+                    "required": ["items"],
+                    "properties": {"type": {"enum": ["group"]}, "items": {"items": {"$ref": "#"}}},
+                },
+            },
+        },
+        [
+            {"type": "leaf", "n": 1},
+            {"type": "group", "items": [{"type": "leaf"}, {"type": "group", "items": []}]},
+            {"type": "group", "items": [{"type": "other"}]},
+            {"type": "leaf", "n": "x"},
+            {"type": "group"},
+        ],
+    ),
 ]
 
 

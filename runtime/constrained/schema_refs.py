@@ -1,0 +1,109 @@
+"""Recursive `$ref`s where llguidance must intersect them, replaced by their target.
+
+llguidance intersects a combinator's members with the keywords beside them (`properties` next
+to `oneOf`, the members of an `allOf`) and refuses to do so for a `$ref` that lies on a cycle
+("circular references with sibling keys"). A local `$ref` means its target, so putting one
+copy of the target in its place accepts the same instances; the copy's own references stay
+references, so the recursion itself is untouched. Targets that set a new base URI (`$id`,
+draft-4 `id`) are left as references: their local refs would resolve elsewhere.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .schema_logic import ASSERTIONS, DATA_KEYWORDS, pointer
+
+_COMBINATORS = ("allOf", "anyOf", "oneOf")
+MAX_NESTING = 4  # copies inside copies: a cycle through intersections alone stays a $ref
+
+
+def inline_cyclic_refs(root: Any) -> Any:
+    """`root` with each intersected reference on a cycle replaced by a copy of its target."""
+    cyclic = _cyclic_refs(root)
+    if not cyclic:
+        return root
+    return _Inliner(root, cyclic).walk(root)
+
+
+class _Inliner:
+    def __init__(self, root: Any, cyclic: set[str]) -> None:
+        self.root, self.cyclic = root, cyclic
+
+    def walk(self, node: Any, nesting: int = 0) -> Any:
+        """`node` with its intersected cyclic refs inlined; a copy is walked in turn."""
+        if isinstance(node, list):
+            return [self.walk(v, nesting) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: v if k in DATA_KEYWORDS else self.walk(v, nesting) for k, v in node.items()}
+        for key in _COMBINATORS:
+            members = out.get(key)
+            if isinstance(members, list) and _intersected(out, key):
+                out[key] = [self.inline(m, nesting) for m in members]
+        return out
+
+    def inline(self, member: Any, nesting: int) -> Any:
+        if not (isinstance(member, dict) and set(member) & ASSERTIONS == {"$ref"}):
+            return member
+        ref = member["$ref"]
+        target = pointer(self.root, ref)
+        if ref not in self.cyclic or not isinstance(target, dict) or _new_base(target):
+            return member
+        if nesting >= MAX_NESTING:
+            return member
+        return self.walk(copy.deepcopy(target), nesting + 1)
+
+
+def _intersected(node: dict[str, Any], key: str) -> bool:
+    """llguidance intersects `node[key]`'s members with something: each other (allOf), or
+    other assertions beside the combinator."""
+    others = any(k in ASSERTIONS and k != key for k in node)
+    return others or (key == "allOf" and len(node[key]) > 1)
+
+
+def _new_base(target: dict[str, Any]) -> bool:
+    return isinstance(target.get("$id"), str) or isinstance(target.get("id"), str)
+
+
+def _cyclic_refs(root: Any) -> set[str]:
+    """The local `$ref` values whose target can reach itself through more `$ref`s."""
+    edges: dict[str, set[str]] = {}
+    pending = sorted(_refs_in(root))
+    while pending:
+        ref = pending.pop()
+        if ref in edges:
+            continue
+        edges[ref] = _refs_in(pointer(root, ref))
+        pending += [r for r in edges[ref] if r not in edges]
+    return {ref for ref in edges if _reaches(edges, ref)}
+
+
+def _reaches(edges: dict[str, set[str]], start: str) -> bool:
+    seen: set[str] = set()
+    stack = list(edges.get(start, ()))
+    while stack:
+        ref = stack.pop()
+        if ref == start:
+            return True
+        if ref not in seen:
+            seen.add(ref)
+            stack += edges.get(ref, ())
+    return False
+
+
+def _refs_in(node: Any) -> set[str]:
+    """Every local `$ref` value in `node`'s subschemas."""
+    out: set[str] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, list):
+            stack += n
+        elif isinstance(n, dict):
+            ref = n.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                out.add(ref)
+            stack += [v for k, v in n.items() if k not in DATA_KEYWORDS]
+    return out
