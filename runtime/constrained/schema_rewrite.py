@@ -7,7 +7,11 @@ left in place and the backend refuses it by name):
   is not a schema (`pattern`, `items`, ...) leaves the `not` as it was;
 - `oneOf`: `anyOf` when the branches are provably disjoint (types, a discriminating constant,
   a required key the other branch forbids), else "branch i and not the others";
-- `if`/`then`/`else`: `anyOf [if ∧ then, ¬if ∧ else]`;
+- `if`/`then`/`else`: `anyOf [if ∧ then, ¬if ∧ else]`; `then` / `else` without `if` are
+  dropped (they assert nothing);
+- `propertyNames` of strings, patterns, lengths and listed names: every key matched by a
+  `patternProperties` or named in `properties` of a conjunct closed by
+  `additionalProperties: false`;
 - `uniqueItems` where at most one item is allowed;
 - a subschema whose instances come from a listed set (`enum` / `const`, its own or an `allOf`
   member's) next to any of the above: the listed values that pass it (schema_finite.py);
@@ -38,6 +42,8 @@ _ONE = frozenset(
 _MANY = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _MAP = frozenset("properties patternProperties $defs definitions dependentSchemas".split())
 MAX_GROWTH = 16  # a rewritten schema may be at most this many times the original's size
+# What a propertyNames schema may assert and still be said by the keys' own keywords.
+_NAME_KEYWORDS = frozenset({"type", "pattern", "minLength", "maxLength", "enum", "const"})
 # Keywords llguidance refuses in some or all of their forms: a listed set beside one is folded.
 _FOLDED_BESIDE = frozenset(
     "not oneOf if dependencies dependentRequired dependentSchemas uniqueItems propertyNames "
@@ -108,6 +114,11 @@ class _Rewriter(SchemaLogic):
         if "not" in s and (negated := self.negate(s["not"], 0)) is not None:
             extra.append(negated)
             s = _without(s, "not")
+        if "if" not in s and ("then" in s or "else" in s):
+            s = _without(s, "then", "else")
+        if "propertyNames" in s and (names := self.property_names(s["propertyNames"])) is not None:
+            extra += names
+            s = _without(s, "propertyNames")
         if "if" in s and (conditional := self.conditional(s)) is not None:
             extra.append(conditional)
             s = _without(s, "if", "then", "else")
@@ -134,6 +145,33 @@ class _Rewriter(SchemaLogic):
         if not isinstance(original, dict):
             return None
         return self.finite.fold(original, annotations(s))
+
+    def property_names(self, names: Any) -> list[Any] | None:
+        """Conjuncts saying every key passes `names`; None where that is not said here."""
+        names = self.resolve(names, 0)
+        if names is True or names == {}:
+            return []
+        if names is False:
+            return [{"maxProperties": 0}]
+        if not isinstance(names, dict) or set(names) & ASSERTIONS - _NAME_KEYWORDS:
+            return None
+        if "type" in names and "string" not in _list(names["type"]):
+            return None
+        out: list[Any] = []
+        if isinstance(names.get("pattern"), str):
+            out.append(
+                {"patternProperties": {names["pattern"]: True}, "additionalProperties": False}
+            )
+        low, high = _int(names.get("minLength"), 0), _int(names.get("maxLength"), -1)
+        if low > 0 or high >= 0:
+            span = f"{low},{high}" if high >= 0 else f"{low},"
+            length = f"^[\\s\\S]{{{span}}}$"
+            out.append({"patternProperties": {length: True}, "additionalProperties": False})
+        listed = [names["const"]] if "const" in names else names.get("enum")
+        if isinstance(listed, list):
+            keys = {k: True for k in listed if isinstance(k, str)}
+            out.append({"properties": keys, "additionalProperties": False})
+        return out
 
     def conditional(self, s: dict[str, Any]) -> Any:
         negated = self.negate(s["if"], 0)

@@ -134,6 +134,23 @@ EXACT = [
         {"type": "object", "properties": {"a": INT}, "maxProperties": 1},
         [{}, {"a": 1}, {"z": 1}, {"a": 1, "z": 2}, {"y": 1, "z": 2}, {"a": "x"}],
     ),
+    # propertyNames as keys matched by a pattern or named, in a closed conjunct
+    (
+        {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+        [{}, {"ab": 1}, {"aB": 1}, {"ab": 1, "1": 2}],
+    ),
+    (
+        {"type": "object", "properties": {"x": INT}, "propertyNames": {"enum": ["x", "y"]}},
+        [{"x": 1}, {"y": "s"}, {"z": 1}, {"x": "a"}],
+    ),
+    (
+        {"$defs": {"n": {"minLength": 1, "maxLength": 2}}, "propertyNames": {"$ref": "#/$defs/n"}},
+        [{"ab": 1}, {"abc": 1}, {"": 1}, "not an object"],
+    ),
+    ({"propertyNames": {"type": "string"}, "additionalProperties": INT}, [{"a": 1}, {"a": "x"}]),
+    ({"propertyNames": False}, [{}, {"a": 1}, [1]]),
+    # then / else without if assert nothing
+    ({"type": "object", "then": {"required": ["a"]}, "else": False}, [{}, {"a": 1}, 3]),
     # a recursive $ref that llguidance would intersect with its siblings: its target instead
     (
         {
