@@ -16,6 +16,7 @@ from .constrained.backend import (
     GrammarMatcher,
     check_backend,
     check_spec,
+    compile_checks_spec,
     create_backend,
 )
 from .constrained.spec import ConstraintSpec
@@ -94,7 +95,8 @@ class Constraint:
             regex=regex, json_schema=json_schema, choices=choices, strict=strict, ebnf=ebnf
         )
         self.tokenizer, service = _service(model, self.backend, timeout_s)
-        check_spec(self.backend, self.spec)
+        if not compile_checks_spec(self.backend):
+            check_spec(self.backend, self.spec)
         handle = service.submit(self.spec)
         handle.wait()
         if handle.error is not None:

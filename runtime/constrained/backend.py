@@ -104,6 +104,15 @@ def check_spec(name: str, spec: ConstraintSpec) -> None:
             raise ValueError(f"invalid regex: {err}") from None
 
 
+def compile_checks_spec(name: str) -> bool:
+    """The backend's compile refuses what check_spec refuses, with the same messages, so a
+    caller that waits for the compile (stemma.Constraint) need not check first. llguidance:
+    both build the same grammar (the check without the vocabulary), so checking first would
+    build it twice. outlines: check_spec also compiles the regex with `re`; its compile
+    does not."""
+    return name == "llguidance"
+
+
 def pick_backend(spec: ConstraintSpec, default: str, named: str | None = None) -> str:
     """The backend that decodes `spec`, checked: ValueError names what it cannot honour.
 

@@ -1,24 +1,29 @@
 """The llguidance grammar backend: an Earley parser over a lazily built lexer, so a constraint
 costs milliseconds to compile whatever its bounded repetitions (no automaton over the vocabulary).
 
-`LLGuidanceService.submit(spec)` returns at once; worker threads build the grammar (llguidance
+`LLGuidanceService.submit(spec)` returns at once; builder threads build the grammar (llguidance
 drops the GIL) under llguidance's own fuel and size limits, and a compile still running at
-the service's time limit fails its request (the build thread is left to end under its fuel).
-Compiled grammars are cached by spec key (LRU); each request gets a deep copy, an
-`LLGuidanceMatcher`, with the same methods the scheduler calls on the outlines Matcher.
+the service's time limit fails its request (its builder is replaced and left to end under its
+fuel). Compiled grammars are cached by spec (LRU); each request gets a deep copy, an
+`LLGuidanceMatcher`, with the same methods the scheduler calls on the outlines Matcher. The
+grammar a spec resolved to (as written or rewritten) is remembered too (`RESOLVED`), so the
+check at the request boundary (`validate`) and the compile after it build and try it once.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import queue
 import threading
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .jump_forward import utf8_prefix
-from .llguidance_grammar import blocking_error, grammar_texts, refusal
+from .llguidance_grammar import Resolution, Resolutions, blocking_error, grammar_texts, refusal
 from .spec import ConstraintSpec
 from .vocabulary import CompileLimits
 
@@ -41,41 +46,64 @@ def parser_limits(limits: CompileLimits) -> Any:
     """llguidance's work bounds; the grammar size follows the regex-size limit."""
     from llguidance import LLParserLimits
 
-    return LLParserLimits(max_grammar_size=max(limits.max_regex_chars, 500_000))
+    return LLParserLimits(max_grammar_size=_grammar_size(limits))
+
+
+RESOLVED = Resolutions()  # shared by validate and the compiles of every service
 
 
 def compile_grammar(
     ll_tok: Any, spec: ConstraintSpec, limits: CompileLimits
 ) -> tuple[Any, list[str]]:
     """(a fresh LLMatcher at the start of `spec`, its warnings); ValueError names what cannot
-    be honoured."""
+    be honoured. A spec validated before builds only the grammar it resolved to."""
     from llguidance import LLMatcher
 
     _check_size(spec, limits)
+    known = RESOLVED.get(spec, _grammar_size(limits))
+    if known is not None and known.error is not None:
+        raise ValueError(known.error)
+    # the grammar validated before; where the vocabulary fails it, every one as before
+    tried = [] if known is None else [(known.grammar, known.notes)]
     errors = []
-    for grammar, notes in grammar_texts(spec):
+    for grammar, notes in itertools.chain(tried, grammar_texts(spec)):
         matcher = LLMatcher(ll_tok, grammar, log_level=0, limits=parser_limits(limits))
         if not matcher.is_error():
-            return matcher, notes + list(matcher.get_grammar_warnings())
+            RESOLVED.put(spec, _grammar_size(limits), Resolution(grammar, tuple(notes)))
+            return matcher, [*notes, *matcher.get_grammar_warnings()]
         errors.append(matcher.get_error())
-    raise ValueError(refusal(spec, blocking_error(errors)))
+    raise ValueError(refusal(spec, blocking_error(errors[len(tried) :])))
 
 
 def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
-    """Check `spec` compiles, without the vocabulary; ValueError as compile_grammar's."""
-    from llguidance import LLMatcher
-
+    """Check `spec` compiles, without the vocabulary; ValueError as compile_grammar's. The
+    outcome is remembered (RESOLVED) for the compile that follows."""
     limits = limits or CompileLimits()
     _check_size(spec, limits)
+    if (known := RESOLVED.get(spec, _grammar_size(limits))) is None:
+        known = _resolve(spec, limits)
+        RESOLVED.put(spec, _grammar_size(limits), known)
+    if known.error is not None:
+        raise ValueError(known.error)
+
+
+def _resolve(spec: ConstraintSpec, limits: CompileLimits) -> Resolution:
+    """The first of `spec`'s grammar texts llguidance takes, or its refusal."""
+    from llguidance import LLMatcher
+
     errors = []
-    for grammar, _ in grammar_texts(spec):
+    for grammar, notes in grammar_texts(spec):
         is_error, messages = LLMatcher.validate_grammar_with_warnings(
             grammar, None, limits=parser_limits(limits)
         )
         if not is_error:
-            return
+            return Resolution(grammar, tuple(notes))
         errors.append(messages[0] if messages else "")
-    raise ValueError(refusal(spec, blocking_error(errors)))
+    return Resolution(error=refusal(spec, blocking_error(errors)))
+
+
+def _grammar_size(limits: CompileLimits) -> int:
+    return max(limits.max_regex_chars, 500_000)
 
 
 def _check_size(spec: ConstraintSpec, limits: CompileLimits) -> None:
@@ -211,7 +239,12 @@ class LLGuidanceHandle:
 
 
 class LLGuidanceService:
-    """Compiles constraints on worker threads; caches compiled grammars by spec key (LRU)."""
+    """Compiles constraints on builder threads; caches compiled grammars by spec (LRU).
+
+    A builder takes one job at a time and finishes its handle itself, so a compile costs two
+    thread hand-offs (scheduler to builder, builder to waiter). The watchdog sleeps until
+    the earliest deadline of the compiles running; one still running then fails its request
+    and a new builder takes the stuck one's place (it drops its result when it ends)."""
 
     def __init__(
         self,
@@ -228,65 +261,98 @@ class LLGuidanceService:
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
         self.ll_tok = ll_tokenizer(tokenizer)
         self._lock = threading.Lock()
-        self._done: OrderedDict[str, tuple[Any, str | None, list[str]]] = OrderedDict()
-        self._in_flight: dict[str, LLGuidanceHandle] = {}
-        self._jobs: queue.Queue[LLGuidanceHandle | None] = queue.Queue()
-        self._workers = [
-            threading.Thread(target=self._worker_loop, name=f"llguidance-{i}", daemon=True)
-            for i in range(num_workers)
-        ]
-        for worker in self._workers:
-            worker.start()
+        self._wake = threading.Condition(self._lock)  # the watchdog's
+        self._wake_at = math.inf  # when the watchdog next looks (inf: no compile running)
+        self._done: OrderedDict[ConstraintSpec, tuple[Any, str | None, list[str]]] = OrderedDict()
+        self._in_flight: dict[ConstraintSpec, LLGuidanceHandle] = {}
+        self._running: dict[threading.Thread, tuple[LLGuidanceHandle, float]] = {}
+        self._jobs: queue.SimpleQueue[LLGuidanceHandle | None] = queue.SimpleQueue()
+        self._builders: list[threading.Thread] = []
+        for _ in range(num_workers):
+            self._start_builder()
+        self._watchdog = threading.Thread(target=self._watch, name="llguidance-watch", daemon=True)
+        self._watchdog.start()
 
     def submit(self, spec: ConstraintSpec | str) -> LLGuidanceHandle:
         """Start compiling `spec` (a ConstraintSpec or a regex); returns at once."""
         spec = spec if isinstance(spec, ConstraintSpec) else ConstraintSpec(regex=spec)
-        with self._lock:
-            if (handle := self._in_flight.get(spec.key)) is not None:
+        with self._lock:  # keyed by the spec itself: its hash is cheaper than spec.key
+            if (handle := self._in_flight.get(spec)) is not None:
                 return handle
             handle = LLGuidanceHandle(spec, self)
-            if (done := self._done.get(spec.key)) is not None:
-                self._done.move_to_end(spec.key)
+            if (done := self._done.get(spec)) is not None:
+                self._done.move_to_end(spec)
                 handle._finish(*done)
                 return handle
-            self._in_flight[spec.key] = handle
+            self._in_flight[spec] = handle
         self._jobs.put(handle)
         return handle
 
     def close(self) -> None:
         self._closed.set()
-        for _ in self._workers:
+        with self._lock:
+            builders = list(self._builders)
+            self._wake.notify()
+        for _ in builders:
             self._jobs.put(None)
-        for worker in self._workers:
-            worker.join(timeout=5)
+        for thread in [*builders, self._watchdog]:
+            thread.join(timeout=5)
 
-    def _worker_loop(self) -> None:
+    def _start_builder(self) -> None:
+        builder = threading.Thread(target=self._builder_loop, name="llguidance", daemon=True)
+        self._builders.append(builder)
+        builder.start()
+
+    def _builder_loop(self) -> None:
+        me = threading.current_thread()
         while (handle := self._jobs.get()) is not None:
-            out: list[tuple[Any, str | None, list[str]]] = []
-            build = threading.Thread(target=self._build, args=(handle.spec, out), daemon=True)
-            build.start()
-            build.join(self.limits.timeout_s)
-            template, error, warnings = out[0] if out else (None, self._timeout_error(), [])
             with self._lock:
-                self._in_flight.pop(handle.spec.key, None)
-                self._done[handle.spec.key] = (template, error, warnings)
-                while len(self._done) > self.max_cached:
-                    self._done.popitem(last=False)
-            handle._finish(template, error, warnings)
+                deadline = time.monotonic() + self.limits.timeout_s
+                self._running[me] = (handle, deadline)
+                if deadline < self._wake_at:
+                    self._wake.notify()
+            outcome = self._build(handle.spec)
+            with self._lock:
+                if self._running.pop(me, None) is None:
+                    return  # past the time limit: failed and replaced by the watchdog
+                self._settle(handle, *outcome)
 
-    def _build(self, spec: ConstraintSpec, out: list[tuple[Any, str | None, list[str]]]) -> None:
-        """Compile on a thread of its own, so the worker can stop waiting at the time limit."""
+    def _watch(self) -> None:
+        with self._lock:
+            while not self._closed.is_set():
+                now = time.monotonic()
+                for builder, (handle, deadline) in list(self._running.items()):
+                    if deadline <= now:
+                        del self._running[builder]
+                        self._builders.remove(builder)
+                        self._settle(handle, None, self._timeout_error(), [])
+                        self._start_builder()
+                self._wake_at = min((d for _, d in self._running.values()), default=math.inf)
+                self._wake.wait(None if self._wake_at == math.inf else self._wake_at - now)
+
+    def _settle(
+        self, handle: LLGuidanceHandle, template: Any, error: str | None, warnings: list[str]
+    ) -> None:
+        """Cache the outcome and finish the handle (the lock held)."""
+        self._in_flight.pop(handle.spec, None)
+        self._done[handle.spec] = (template, error, warnings)
+        while len(self._done) > self.max_cached:
+            self._done.popitem(last=False)
+        handle._finish(template, error, warnings)
+
+    def _build(self, spec: ConstraintSpec) -> tuple[Any, str | None, list[str]]:
+        """(template, error, warnings) of compiling `spec`."""
         if self.faults is not None and self.faults.take("compile_hang"):
             self._closed.wait()  # never answers while the service lives
-            return
+            return None, "the service closed", []
         try:
             template, warnings = compile_grammar(self.ll_tok, spec, self.limits)
-            out.append((template, None, warnings))
+            return template, None, warnings
         except ValueError as err:
-            out.append((None, str(err), []))
+            return None, str(err), []
         except Exception as err:  # a bug must still fail the request, never strand it
             error = f"internal error compiling the constraint: {type(err).__name__}: {err}"
-            out.append((None, error, []))
+            return None, error, []
 
     def _timeout_error(self) -> str:
         return (

@@ -6,13 +6,17 @@ item counts are honoured); JSON is emitted compact, as the outlines backend does
 cannot compile as written (`not`, overlapping `oneOf`, `if`/`then`, `dependencies`, unknown
 formats) is first rewritten exactly where that can be done (schema_rewrite.py); what is left is
 refused, never loosened, unless `strict=False`, where it is approximated and listed as a warning.
+Which grammar a spec resolved to, or its refusal, is kept in a bounded `Resolutions`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -61,6 +65,40 @@ def grammar_texts(spec: Any) -> Iterator[tuple[str, list[str]]]:
     rewritten, notes = rewrite_schema(schema, known_format)
     if rewritten != schema:
         yield LLMatcher.grammar_from_json_schema(rewritten, overrides=options), notes
+
+
+@dataclass(slots=True, frozen=True)
+class Resolution:
+    """What a spec resolved to: the grammar llguidance takes (as written or rewritten, with
+    the rewrite's notes), or the refusal that names why none does."""
+
+    grammar: str | None = None
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+
+
+class Resolutions:
+    """Resolutions by (spec, grammar-size limit), LRU over at most `max_entries` (each holds
+    its spec and grammar text, about twice the schema). Thread-safe: the check at the request
+    boundary and the compile workers share it, so a spec's grammar texts are built and tried
+    once. Only what holds without the vocabulary belongs here."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[Any, int], Resolution] = OrderedDict()
+
+    def get(self, spec: Any, grammar_size: int) -> Resolution | None:
+        with self._lock:
+            if (found := self._entries.get((spec, grammar_size))) is not None:
+                self._entries.move_to_end((spec, grammar_size))
+            return found
+
+    def put(self, spec: Any, grammar_size: int, resolution: Resolution) -> None:
+        with self._lock:
+            self._entries[(spec, grammar_size)] = resolution
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
 
 
 def ebnf_grammar(text: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import stemma
 from stemma.runtime.constrained.backend import check_spec
 from stemma.runtime.constrained.llguidance_backend import LLGuidanceMatcher, LLGuidanceService
+from stemma.runtime.constrained.llguidance_grammar import Resolution, Resolutions
 from stemma.runtime.constrained.spec import ConstraintSpec
 
 
@@ -237,6 +239,29 @@ def test_compile_past_the_time_limit_fails_only_its_request(smollm_tokenizer: An
     assert faults.fired["compile_hang"] == 1
 
 
+def test_compiles_go_on_while_every_builder_is_stuck(smollm_tokenizer: Any) -> None:
+    """Two hung compiles hold both builders past the limit: each fails naming it, and the
+    builders that take their places compile the next constraint."""
+    from stemma.runtime.constrained.vocabulary import CompileLimits
+    from stemma.runtime.faults import Faults
+
+    faults = Faults(enabled=True)
+    faults.arm("compile_hang", 2)
+    service = LLGuidanceService(
+        smollm_tokenizer, CompileLimits(timeout_s=0.2), num_workers=2, faults=faults
+    )
+    try:
+        hung = [service.submit("[a-z]{3}"), service.submit("[a-z]{4}")]
+        for handle in hung:
+            assert handle.wait(30) and "longer than the 0.2 s limit" in (handle.error or "")
+        service.limits = CompileLimits(timeout_s=60.0)
+        fine = service.submit("[0-9]{2}")
+        assert fine.wait(30) and fine.error is None and not fine.matcher().is_final()
+    finally:
+        service.close()
+    assert faults.fired["compile_hang"] == 2
+
+
 def test_engine_config_names_the_grammar_backends() -> None:
     from stemma.runtime.config import EngineConfig
 
@@ -313,3 +338,95 @@ def test_verified_drafts_keep_token_by_token_output(
     assert drafted == plain and num_confirmed >= 2
     json_text = smollm_tokenizer.decode(plain)
     jsonschema.validate(json.loads(json_text), schema)
+
+
+@pytest.fixture
+def llguidance_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts what goes through llguidance.LLMatcher: `grammar` (a schema made a grammar),
+    `validate` (a grammar checked without the vocabulary), `matcher` (one built over it)."""
+    import llguidance
+
+    real, calls = llguidance.LLMatcher, Counter[str]()
+
+    class Counting:
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            calls["matcher"] += 1
+            return real(*args, **kwargs)
+
+        @staticmethod
+        def grammar_from_json_schema(*args: Any, **kwargs: Any) -> str:
+            calls["grammar"] += 1
+            return real.grammar_from_json_schema(*args, **kwargs)
+
+        @staticmethod
+        def validate_grammar_with_warnings(*args: Any, **kwargs: Any) -> Any:
+            calls["validate"] += 1
+            return real.validate_grammar_with_warnings(*args, **kwargs)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Counting)
+    return calls
+
+
+def _rewritten_schema(name: str) -> dict[str, Any]:
+    """A schema llguidance refuses as written (`dependencies`) and takes rewritten; `name`
+    makes it one no other test has resolved."""
+    properties = {name: {"type": "integer"}, "b": {"type": "integer"}}
+    return {"type": "object", "properties": properties, "dependencies": {name: ["b"]}}
+
+
+def test_a_checked_spec_is_compiled_from_the_grammar_it_resolved_to(
+    ll_service: Any, llguidance_calls: Counter[str]
+) -> None:
+    spec = ConstraintSpec.create(json_schema=_rewritten_schema("checked"))
+    check_spec("llguidance", spec)  # as written (refused), then rewritten (taken)
+    assert llguidance_calls == {"grammar": 2, "validate": 2}
+    _matcher(ll_service, spec)
+    check_spec("llguidance", spec)
+    assert llguidance_calls == {"grammar": 2, "validate": 2, "matcher": 1}
+
+
+def test_a_compiled_spec_is_checked_without_building_it_again(
+    llguidance_calls: Counter[str],
+) -> None:
+    """stemma.Constraint waits for the compile, which refuses what the check would: it builds
+    the grammars once, and a later check at a request boundary builds nothing."""
+    c = stemma.Constraint(json_schema=_rewritten_schema("compiled"), backend="llguidance")
+    assert c.accepts('{"compiled":1,"b":2}') and not c.accepts('{"compiled":1}')
+    assert llguidance_calls == {"grammar": 2, "matcher": 2}
+    check_spec("llguidance", c.spec)
+    assert llguidance_calls == {"grammar": 2, "matcher": 2}
+
+
+def test_a_refusal_is_found_once_and_worded_the_same_everywhere(
+    ll_service: Any, llguidance_calls: Counter[str]
+) -> None:
+    """The compile after a check raises the check's refusal without building anything; a
+    compile with no check first refuses in the check's words."""
+    schema = {"properties": {"refused": {"type": "string", "pattern": "a{0,4294967296}"}}}
+    spec = ConstraintSpec.create(json_schema=schema)
+    with pytest.raises(ValueError) as checked:
+        check_spec("llguidance", spec)
+    calls = dict(llguidance_calls)
+    handle = ll_service.submit(spec)
+    assert handle.wait(60) and handle.error == str(checked.value)
+    assert llguidance_calls == calls  # the compile raised the refusal the check found
+    fresh = {"properties": {"refused_too": {"type": "string", "pattern": "a{0,4294967296}"}}}
+    with pytest.raises(ValueError) as compiled:
+        stemma.Constraint(json_schema=fresh, backend="llguidance")
+    with pytest.raises(ValueError) as checked_after:
+        check_spec("llguidance", ConstraintSpec.create(json_schema=fresh))
+    assert str(compiled.value) == str(checked_after.value)
+    assert "regex parse error: a{0,4294967296}" in str(compiled.value)
+
+
+def test_resolutions_are_bounded_least_recently_used_first() -> None:
+    resolutions = Resolutions(max_entries=2)
+    specs = [ConstraintSpec(regex=f"[a-z]{{{n}}}") for n in range(3)]
+    for n, spec in enumerate(specs[:2]):
+        resolutions.put(spec, 500_000, Resolution(grammar=f"g{n}"))
+    assert resolutions.get(specs[0], 500_000) == Resolution(grammar="g0")  # now most recent
+    assert resolutions.get(specs[0], 1_000_000) is None  # another grammar-size limit
+    resolutions.put(specs[2], 500_000, Resolution(error="refused"))
+    assert resolutions.get(specs[1], 500_000) is None
+    assert resolutions.get(specs[0], 500_000) == Resolution(grammar="g0")
+    assert resolutions.get(specs[2], 500_000) == Resolution(error="refused")
