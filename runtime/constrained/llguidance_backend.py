@@ -5,7 +5,8 @@ costs milliseconds to compile whatever its bounded repetitions (no automaton ove
 drops the GIL) under llguidance's own fuel and size limits, and a compile still running at
 the service's time limit fails its request (its builder is replaced and left to end under its
 fuel). Compiled grammars are cached by spec (LRU); each request gets a deep copy, an
-`LLGuidanceMatcher`, with the same methods the scheduler calls on the outlines Matcher. The
+`LLGuidanceMatcher`, with the same methods the scheduler calls on the outlines Matcher (wrapped
+in a `UniqueItemsMatcher` where the schema's `uniqueItems` is enforced beside the grammar). The
 grammar a spec resolved to (as written or rewritten) is remembered too (`RESOLVED`), so the
 check at the request boundary (`validate`) and the compile after it build and try it once.
 """
@@ -13,6 +14,7 @@ check at the request boundary (`validate`) and the compile after it build and tr
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import queue
 import threading
@@ -25,12 +27,16 @@ import numpy as np
 from .jump_forward import utf8_prefix
 from .llguidance_grammar import Resolution, Resolutions, blocking_error, grammar_texts, refusal
 from .spec import ConstraintSpec
+from .unique_items import UniqueArrays, unique_arrays
+from .unique_matcher import TokenBytes, UniqueItemsMatcher
 from .vocabulary import CompileLimits
 
 if TYPE_CHECKING:
     from ..faults import Faults
     from ..tokenizer import Tokenizer
 
+# a compile's (template, error, warnings, uniqueItems enforced beside the grammar)
+_Outcome = tuple[Any, "str | None", list[str], "UniqueArrays | None"]
 MAX_ROLLBACK = 1024  # as the outlines Matcher: jump-forward drafts stay far below it
 
 
@@ -210,12 +216,13 @@ class LLGuidanceMatcher:
 class LLGuidanceHandle:
     """A submitted constraint: poll `ready()`, then `error` or a fresh `matcher()`."""
 
-    __slots__ = ("spec", "error", "warnings", "_template", "_service", "_done")
+    __slots__ = ("spec", "error", "warnings", "unique", "_template", "_service", "_done")
 
     def __init__(self, spec: ConstraintSpec, service: LLGuidanceService) -> None:
         self.spec, self._service = spec, service
         self.error: str | None = None
         self.warnings: list[str] = []
+        self.unique: UniqueArrays | None = None  # uniqueItems enforced beside the grammar
         self._template: Any = None
         self._done = threading.Event()
 
@@ -225,16 +232,19 @@ class LLGuidanceHandle:
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
 
-    def matcher(self) -> LLGuidanceMatcher:
+    def matcher(self) -> LLGuidanceMatcher | UniqueItemsMatcher:
         if not self._done.is_set():
             raise RuntimeError("grammar is not compiled yet; poll ready() first")
         if self._template is None:
             raise ValueError(self.error)
         s = self._service
-        return LLGuidanceMatcher(self._template.deep_copy(), s.vocab_size, s.eos_token_ids)
+        m = LLGuidanceMatcher(self._template.deep_copy(), s.vocab_size, s.eos_token_ids)
+        return m if self.unique is None else UniqueItemsMatcher(m, self.unique, s.token_bytes())
 
-    def _finish(self, template: Any, error: str | None, warnings: list[str]) -> None:
-        self._template, self.error, self.warnings = template, error, warnings
+    def _finish(
+        self, template: Any, error: str | None, warnings: list[str], unique: UniqueArrays | None
+    ) -> None:
+        self._template, self.error, self.warnings, self.unique = template, error, warnings, unique
         self._done.set()
 
 
@@ -263,7 +273,9 @@ class LLGuidanceService:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the watchdog's
         self._wake_at = math.inf  # when the watchdog next looks (inf: no compile running)
-        self._done: OrderedDict[ConstraintSpec, tuple[Any, str | None, list[str]]] = OrderedDict()
+        self._done: OrderedDict[ConstraintSpec, _Outcome] = OrderedDict()
+        self._token_bytes: TokenBytes | None = None
+        self._bytes_lock = threading.Lock()
         self._in_flight: dict[ConstraintSpec, LLGuidanceHandle] = {}
         self._running: dict[threading.Thread, tuple[LLGuidanceHandle, float]] = {}
         self._jobs: queue.SimpleQueue[LLGuidanceHandle | None] = queue.SimpleQueue()
@@ -287,6 +299,14 @@ class LLGuidanceService:
             self._in_flight[spec] = handle
         self._jobs.put(handle)
         return handle
+
+    def token_bytes(self) -> TokenBytes:
+        """Each token's bytes (built on first use: a pass over the vocabulary)."""
+        with self._bytes_lock:
+            if self._token_bytes is None:
+                ids = range(self.vocab_size)
+                self._token_bytes = TokenBytes([self.ll_tok.decode_bytes([i]) for i in ids])
+            return self._token_bytes
 
     def close(self) -> None:
         self._closed.set()
@@ -325,37 +345,46 @@ class LLGuidanceService:
                     if deadline <= now:
                         del self._running[builder]
                         self._builders.remove(builder)
-                        self._settle(handle, None, self._timeout_error(), [])
+                        self._settle(handle, None, self._timeout_error(), [], None)
                         self._start_builder()
                 self._wake_at = min((d for _, d in self._running.values()), default=math.inf)
                 self._wake.wait(None if self._wake_at == math.inf else self._wake_at - now)
 
-    def _settle(
-        self, handle: LLGuidanceHandle, template: Any, error: str | None, warnings: list[str]
-    ) -> None:
+    def _settle(self, handle: LLGuidanceHandle, *outcome: Any) -> None:
         """Cache the outcome and finish the handle (the lock held)."""
         self._in_flight.pop(handle.spec, None)
-        self._done[handle.spec] = (template, error, warnings)
+        self._done[handle.spec] = outcome  # type: ignore[assignment]
         while len(self._done) > self.max_cached:
             self._done.popitem(last=False)
-        handle._finish(template, error, warnings)
+        handle._finish(*outcome)
 
-    def _build(self, spec: ConstraintSpec) -> tuple[Any, str | None, list[str]]:
-        """(template, error, warnings) of compiling `spec`."""
+    def _build(self, spec: ConstraintSpec) -> _Outcome:
+        """(template, error, warnings, unique arrays) of compiling `spec`."""
         if self.faults is not None and self.faults.take("compile_hang"):
             self._closed.wait()  # never answers while the service lives
-            return None, "the service closed", []
+            return None, "the service closed", [], None
         try:
             template, warnings = compile_grammar(self.ll_tok, spec, self.limits)
-            return template, None, warnings
+            if (unique := _unique_arrays(spec)) is not None:
+                self.token_bytes()
+            return template, None, warnings, unique
         except ValueError as err:
-            return None, str(err), []
+            return None, str(err), [], None
         except Exception as err:  # a bug must still fail the request, never strand it
             error = f"internal error compiling the constraint: {type(err).__name__}: {err}"
-            return None, error, []
+            return None, error, [], None
 
     def _timeout_error(self) -> str:
         return (
             f"compiling the constraint took longer than the {self.limits.timeout_s:g} s limit "
             "(grammar_timeout_s); simplify the schema or raise the limit"
         )
+
+
+def _unique_arrays(spec: ConstraintSpec) -> UniqueArrays | None:
+    """Where the spec's schema has `uniqueItems` enforced beside its grammar, if anywhere
+    (not under strict=False, where llguidance approximates it and warns)."""
+    if not spec.strict or spec.json_schema is None or '"uniqueItems"' not in spec.json_schema:
+        return None
+    unique = unique_arrays(json.loads(spec.json_schema))
+    return unique if unique.paths else None

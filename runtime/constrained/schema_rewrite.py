@@ -12,7 +12,9 @@ left in place and the backend refuses it by name):
 - `propertyNames` of strings, patterns, lengths and listed names: every key matched by a
   `patternProperties` or named in `properties` of a conjunct closed by
   `additionalProperties: false`;
-- `uniqueItems` where at most one item is allowed;
+- `uniqueItems: false` (it asserts nothing), and `uniqueItems` where at most one item is
+  allowed; elsewhere, where it holds at fixed instance paths, it is left to the matcher
+  beside the grammar (unique_items.py);
 - a subschema whose instances come from a listed set (`enum` / `const`, its own or an `allOf`
   member's) next to any of the above: the listed values that pass it (schema_finite.py);
 - `minProperties` / `maxProperties` that the required and the closed properties already imply,
@@ -33,6 +35,7 @@ from typing import Any
 from .schema_finite import FiniteFolder, annotations
 from .schema_logic import ASSERTIONS, SchemaLogic, pointer, pointer_escape
 from .schema_refs import inline_cyclic_refs
+from .unique_items import unique_arrays
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
 _ONE = frozenset(
@@ -67,6 +70,7 @@ class _Rewriter(SchemaLogic):
         super().__init__(root)
         self.known_format = known_format
         self.finite = FiniteFolder(root)
+        self.unique = unique_arrays(root)
         self.notes: list[str] = []
 
     def node(self, s: Any, path: str) -> Any:
@@ -128,7 +132,13 @@ class _Rewriter(SchemaLogic):
                 s = {**s, "anyOf": exclusive["anyOf"]}  # in place: no allOf around recursive refs
             else:
                 extra.append(exclusive)
-        if s.get("uniqueItems") is True and _int(s.get("maxItems"), 2) <= 1:
+        if s.get("uniqueItems") is False or (
+            s.get("uniqueItems") is True
+            and (
+                _int(s.get("maxItems"), 2) <= 1
+                or id(pointer(self.root, path)) in self.unique.node_ids
+            )
+        ):
             s = _without(s, "uniqueItems")
         s, at_least_one = _property_counts(s)
         if at_least_one is not None:

@@ -37,10 +37,10 @@ import stemma
 from stemma.bench.schema_coverage import compact
 
 SUITE_DIR = Path(__file__).parents[1] / "data" / "json_schema_suite" / "draft2020-12"
-# Measured: 182 of the 208 local groups compile, holding 1050 in-scope instances; a change
+# Measured: 201 of the 225 local groups compile, holding 1164 in-scope instances; a change
 # that refuses more, or checks fewer, fails here.
-MIN_COMPILED_GROUPS = 182
-MIN_CHECKED_INSTANCES = 1050
+MIN_COMPILED_GROUPS = 201
+MIN_CHECKED_INSTANCES = 1164
 _MAPS_OF_SUBSCHEMAS = frozenset({"properties", "patternProperties", "$defs", "dependentSchemas"})
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # values are data
 

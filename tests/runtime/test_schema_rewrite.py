@@ -218,7 +218,11 @@ STILL_REFUSED = [
     ({"type": "string", "not": {"pattern": "^a"}}, "not", "#"),
     ({"properties": {"n": {"oneOf": [INT, {"type": "number"}]}}}, "oneOf", "#/properties/n"),
     ({"if": {"type": "integer"}, "then": {"minimum": 1}}, "if", "#"),
-    ({"type": "array", "uniqueItems": True}, "uniqueItems", "#"),
+    (
+        {"patternProperties": {"^t": {"type": "array", "uniqueItems": True}}},
+        "uniqueItems",
+        "#/patternProperties/^t",
+    ),
     # exact, but past the growth bound: 10 branches of 3 required keys
     (
         {"oneOf": [{"required": [f"k{i}{j}" for j in range(3)]} for i in range(10)]},

@@ -1,0 +1,162 @@
+"""`uniqueItems` enforced beside the grammar: no grammar says "no two items equal", so the
+llguidance schema leaves the keyword out and `UniqueItemsMatcher` refuses any token that would
+complete an item equal (JSON equality) to an earlier item of the same array.
+
+That is exact only where the keyword applies to every array at some instance path: a schema
+reached from the root through `properties`, `additionalProperties`, `items`, `prefixItems`,
+`allOf` and local `$ref`s, or through an `anyOf` / `oneOf` branch that is the only one whose
+instances can have the type the path needs there (`unique_arrays`). A `uniqueItems` under
+`not`, `if`, a `patternProperties` or an ambiguous branch, or in a recursive schema, stays in
+the schema, and the backend refuses it by name as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .schema_logic import SchemaLogic, pointer
+
+# One step of an instance path: ("key", name), ("other", names) for any key not in names,
+# ("index", i), or ("item", start) for any index >= start.
+Step = tuple[str, Any]
+MAX_DEPTH = 32  # instance path steps followed from the root
+MAX_VISITS = 20_000  # subschema visits (shared $refs are walked once per use)
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueArrays:
+    """Where `uniqueItems` is enforced beside the grammar."""
+
+    node_ids: frozenset[int]  # id() of the schema's subschemas whose keyword is left out
+    paths: tuple[tuple[Step, ...], ...]  # instance paths whose arrays must have unique items
+
+    def applies(self, path: list[Any]) -> bool:
+        return any(_matches(p, path) for p in self.paths)
+
+
+def unique_arrays(schema: Any) -> UniqueArrays:
+    """The `uniqueItems: true` of `schema` that can be enforced exactly (see the module)."""
+    walk = _Walk(schema)
+    walk.visit(schema, (), (), frozenset())
+    if walk.cut:
+        return UniqueArrays(frozenset(), ())
+    exact = {
+        node_id: visits
+        for node_id, visits in walk.found.items()
+        if all(walk.transparent(path, chain) for path, chain in visits)
+    }
+    paths = sorted({path for visits in exact.values() for path, _ in visits}, key=repr)
+    return UniqueArrays(frozenset(exact), tuple(paths))
+
+
+class _Walk(SchemaLogic):
+    """Every subschema with `uniqueItems: true` (by id()), with the instance paths it applies
+    at and the disjunctions passed on the way (branch types, branch taken, path depth); a
+    chain of None marks one reached under `not`, `if`, a pattern and the like: never exact."""
+
+    def __init__(self, root: Any) -> None:
+        super().__init__(root)
+        self.found: dict[int, list[tuple[tuple[Step, ...], Any]]] = {}
+        self.cut = False  # a recursive $ref, a path past MAX_DEPTH, too many visits
+        self.num_visits = 0
+
+    def visit(self, s: Any, path: tuple[Step, ...], chain: Any, refs: frozenset[str]) -> None:
+        if not isinstance(s, dict):
+            return
+        self.num_visits += 1
+        if len(path) > MAX_DEPTH or self.num_visits > MAX_VISITS:
+            self.cut = True
+            return
+        if s.get("uniqueItems") is True:
+            self.found.setdefault(id(s), []).append((path, chain))
+        if isinstance(ref := s.get("$ref"), str):
+            if ref in refs:
+                self.cut = True
+            else:
+                self.visit(pointer(self.root, ref), path, chain, refs | {ref})
+        for member in _list_of(s, "allOf"):
+            self.visit(member, path, chain, refs)
+        for key in ("anyOf", "oneOf"):
+            branches = _list_of(s, key)
+            types = tuple(self.types(b, 0) for b in branches)
+            for i, b in enumerate(branches):
+                link = None if chain is None else (*chain, (types, i, len(path)))
+                self.visit(b, path, link, refs)
+        self.children(s, path, chain, refs)
+
+    def children(
+        self, s: dict[str, Any], path: tuple[Step, ...], chain: Any, refs: frozenset[str]
+    ) -> None:
+        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        for name, sub in props.items():
+            self.visit(sub, (*path, ("key", name)), chain, refs)
+        patterned = isinstance(s.get("patternProperties"), dict) and s["patternProperties"]
+        other = (*path, ("other", frozenset(props)))
+        self.visit(s.get("additionalProperties"), other, None if patterned else chain, refs)
+        prefix, items = _list_of(s, "prefixItems"), s.get("items")
+        if isinstance(items, list):  # drafts 4-7: a tuple, then additionalItems
+            prefix = items
+            self.visit(s.get("additionalItems"), (*path, ("item", len(items))), chain, refs)
+        else:
+            self.visit(items, (*path, ("item", len(prefix))), chain, refs)
+        for i, sub in enumerate(prefix):
+            self.visit(sub, (*path, ("index", i)), chain, refs)
+        for key, value in s.items():  # everywhere else the keyword is never exact
+            subs = value.values() if key in _OPAQUE_MAPS and isinstance(value, dict) else [value]
+            if key in _OPAQUE or key in _OPAQUE_MAPS:
+                for sub in subs:
+                    self.visit(sub, path, None, refs)
+
+    def transparent(self, path: tuple[Step, ...], chain: Any) -> bool:
+        """Every branch passed is the only one whose instances can have the type the path
+        needs there (an object before a key, an array before an index or at the end)."""
+        if chain is None:
+            return False
+        for types, taken, depth in chain:
+            need = (
+                "array" if depth == len(path) or path[depth][0] in ("index", "item") else "object"
+            )
+            if any(need in t for j, t in enumerate(types) if j != taken):
+                return False
+        return True
+
+
+_OPAQUE = frozenset(
+    "not if then else contains propertyNames unevaluatedItems unevaluatedProperties".split()
+)
+_OPAQUE_MAPS = frozenset({"patternProperties", "dependencies", "dependentSchemas"})
+
+
+def _list_of(s: dict[str, Any], key: str) -> list[Any]:
+    return s[key] if isinstance(s.get(key), list) else []
+
+
+def _matches(pattern: tuple[Step, ...], path: list[Any]) -> bool:
+    if len(pattern) != len(path):
+        return False
+    for (kind, arg), at in zip(pattern, path):
+        is_key = isinstance(at, str)
+        if kind == "key" and not (is_key and at == arg):
+            return False
+        if kind == "other" and not (is_key and at not in arg):
+            return False
+        if kind == "index" and not (not is_key and at == arg):
+            return False
+        if kind == "item" and not (not is_key and at >= arg):
+            return False
+    return True
+
+
+def canonical(value: Any) -> Any:
+    """A hashable form equal exactly where JSON Schema calls two values equal (1 == 1.0,
+    true != 1, objects regardless of key order)."""
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, (int, float)):
+        return ("number", int(value) if float(value).is_integer() else value)
+    if isinstance(value, str):
+        return ("string", value)
+    if isinstance(value, list):
+        return ("array", tuple(canonical(v) for v in value))
+    return ("object", frozenset((k, canonical(v)) for k, v in value.items()))

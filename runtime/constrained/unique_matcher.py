@@ -1,0 +1,271 @@
+"""The matcher that enforces `uniqueItems` beside a grammar (see unique_items.py).
+
+`JsonScanner` follows the output's bytes as JSON (the grammar keeps them valid): the instance
+path of every open container and, for each array that must hold unique items, the items seen
+so far. An item counts once it cannot grow: a string at its closing quote, a container at its
+closing bracket, a literal at its last letter, a number at the byte after it. So a repeated
+string or object is refused at the token that would close it, while other ways on are open.
+`UniqueItemsMatcher` wraps a grammar matcher: a token is allowed when the grammar allows it
+and the scanner, tried on a copy, completes no repeated item with it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .unique_items import UniqueArrays, canonical
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+_LITERALS = (b"true", b"false", b"null")
+_NUMBER = frozenset(b"0123456789.eE+-")
+_SPACE = frozenset(b" \t\n\r")
+# scanner states
+VALUE, KEY_START, KEY, COLON, STRING, NUMBER, LITERAL, AFTER = range(8)
+
+
+class _Frame:
+    __slots__ = ("is_array", "at", "unique", "seen", "tried", "item_start")
+
+    def __init__(self, is_array: bool, unique: bool) -> None:
+        self.is_array, self.unique = is_array, unique
+        self.at: Any = 0 if is_array else None  # current index or key
+        self.seen: set[Any] = set()  # canonical items taken
+        self.tried: set[Any] = set()  # canonical items completed on a trial copy
+        self.item_start = 0
+
+    def copy(self) -> _Frame:
+        f = _Frame(self.is_array, self.unique)
+        f.at, f.seen, f.item_start = self.at, self.seen, self.item_start
+        return f
+
+
+class JsonScanner:
+    """Where the JSON bytes so far stand; `feed` returns False at a repeated unique item."""
+
+    def __init__(self, arrays: UniqueArrays) -> None:
+        self.arrays = arrays
+        self.stack: list[_Frame] = []
+        self.state, self.escape, self.word, self.word_start = VALUE, False, b"", 0
+        self.text = bytearray()
+        self.trial = False  # a copy: items go to `tried`, never to `seen`
+
+    @property
+    def in_unique(self) -> bool:
+        return any(f.unique for f in self.stack)
+
+    @property
+    def in_string(self) -> bool:
+        return self.state in (STRING, KEY)
+
+    def trial_copy(self) -> JsonScanner:
+        s = JsonScanner.__new__(JsonScanner)
+        s.arrays, s.stack = self.arrays, [f.copy() for f in self.stack]
+        s.state, s.escape, s.word, s.word_start = (
+            self.state,
+            self.escape,
+            self.word,
+            self.word_start,
+        )
+        s.text, s.trial = bytearray(self.text), True
+        return s
+
+    def feed(self, data: bytes) -> bool:
+        for byte in data:
+            self.text.append(byte)
+            if not self._step(byte):
+                return False
+        return True
+
+    def _step(self, byte: int) -> bool:
+        state = self.state
+        if state in (STRING, KEY):
+            if self.escape:
+                self.escape = False
+            elif byte == 0x5C:  # backslash
+                self.escape = True
+            elif byte == 0x22:  # closing quote
+                if state == KEY:
+                    self.stack[-1].at = json.loads(self.text[self.word_start :].decode())
+                    self.state = COLON
+                    return True
+                self.state = AFTER
+                return self._completed()
+            return True
+        if state == NUMBER:
+            if byte in _NUMBER:
+                return True
+            self.state = AFTER
+            self.text.pop()
+            done = self._completed()
+            self.text.append(byte)
+            return done and self._step(byte)
+        if state == LITERAL:
+            self.word += bytes([byte])
+            if self.word in _LITERALS:
+                self.state = AFTER
+                return self._completed()
+            return True
+        if byte in _SPACE:
+            return True
+        if state == KEY_START:
+            if byte == 0x22:
+                self.state, self.word_start = KEY, len(self.text) - 1
+            elif byte == 0x7D:  # } of an empty object
+                return self._close()
+            return True
+        if state == COLON:
+            self.state = VALUE if byte == 0x3A else COLON
+            return True
+        if state == AFTER:
+            return self._after(byte)
+        return self._value(byte)
+
+    def _value(self, byte: int) -> bool:
+        if self.stack and self.stack[-1].is_array:
+            if byte == 0x5D:  # ] of an empty array
+                return self._close()
+            self.stack[-1].item_start = len(self.text) - 1
+        if byte in (0x7B, 0x5B):  # { or [
+            is_array = byte == 0x5B
+            path = [f.at for f in self.stack]
+            unique = is_array and self.arrays.applies(path)
+            self.stack.append(_Frame(is_array, unique))
+            self.state = VALUE if is_array else KEY_START
+        elif byte == 0x22:
+            self.state = STRING
+        elif byte in _NUMBER:
+            self.state = NUMBER
+        else:
+            self.state, self.word = LITERAL, bytes([byte])
+        return True
+
+    def _after(self, byte: int) -> bool:
+        if byte == 0x2C:  # ,
+            top = self.stack[-1]
+            if top.is_array:
+                top.at += 1
+                self.state = VALUE
+            else:
+                self.state = KEY_START
+            return True
+        if byte in (0x5D, 0x7D):
+            return self._close()
+        return True
+
+    def _close(self) -> bool:
+        self.stack.pop()
+        self.state = AFTER
+        return self._completed()
+
+    def _completed(self) -> bool:
+        """A value just ended: as an item of a unique array, it must be new."""
+        if not (self.stack and self.stack[-1].unique):
+            return True
+        top = self.stack[-1]
+        item = canonical(json.loads(self.text[top.item_start :].decode()))
+        if item in top.seen or item in top.tried:
+            return False
+        (top.tried if self.trial else top.seen).add(item)
+        return True
+
+
+class TokenBytes:
+    """Each token's bytes, and which tokens can end a value (a candidate for a repeat)."""
+
+    def __init__(self, token_bytes: list[bytes]) -> None:
+        self.bytes = token_bytes
+        quotes = np.array([b.count(b'"') for b in token_bytes])
+        ends = np.array([any(c in b for c in b",]} \t\n\rel") for b in token_bytes])
+        self.has_quote = quotes > 0
+        self.may_end = (quotes > 1) | ends
+
+
+class UniqueItemsMatcher:
+    """A grammar matcher that also refuses a repeated item where `uniqueItems` holds."""
+
+    def __init__(self, inner: Any, arrays: UniqueArrays, tokens: TokenBytes) -> None:
+        """inner: a GrammarMatcher (backend.py) of the grammar without those `uniqueItems`."""
+        self.inner, self.arrays, self.tokens = inner, arrays, tokens
+        self.scanner = JsonScanner(arrays)
+        self.ids: list[int] = []
+
+    @property
+    def error(self) -> str | None:
+        return self.inner.error
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated
+
+    @property
+    def num_accepted(self) -> int:
+        return self.inner.num_accepted
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.inner.eos_token_ids
+
+    def repeats(self, token_id: int) -> bool:
+        """Taking `token_id` would complete an item equal to an earlier one of its array."""
+        if not self.scanner.in_unique or not 0 <= token_id < len(self.tokens.bytes):
+            return False
+        return not self.scanner.trial_copy().feed(self.tokens.bytes[token_id])
+
+    def allows(self, token_id: int) -> bool:
+        return self.inner.allows(token_id) and not self.repeats(token_id)
+
+    def accept_token(self, token_id: int) -> None:
+        if token_id in self.inner.eos_token_ids:
+            self.inner.accept_token(token_id)
+            return
+        if self.repeats(token_id):
+            raise ValueError(f"token {token_id} repeats an item of an array with uniqueItems")
+        self.inner.accept_token(token_id)
+        self.scanner.feed(self.tokens.bytes[token_id])
+        self.ids.append(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+        if num_tokens:
+            del self.ids[len(self.ids) - num_tokens :]
+            self.scanner = JsonScanner(self.arrays)
+            for token_id in self.ids:
+                self.scanner.feed(self.tokens.bytes[token_id])
+
+    def is_final(self) -> bool:
+        return self.inner.is_final()
+
+    def is_finished(self) -> bool:
+        return self.inner.is_finished()
+
+    def fill_mask(self, bitmask: Any, row: int | None = None) -> None:
+        self.inner.fill_mask(bitmask, row)
+        if not self.scanner.in_unique:
+            return
+        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        target = (words if row is None else words[row]).view(np.uint32)
+        bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: len(self.tokens.bytes)]
+        near = self.tokens.has_quote if self.scanner.in_string else self.tokens.may_end
+        eos = self.inner.eos_token_ids
+        for token_id in np.flatnonzero(bits.astype(bool) & near):
+            if int(token_id) not in eos and self.repeats(int(token_id)):
+                target[token_id // 32] &= ~np.uint32(1 << (int(token_id) % 32))
+        if not target.any():
+            for t in eos:  # nothing left: the output may only end, as at a grammar's dead end
+                target[t // 32] |= np.uint32(1 << (t % 32))
+
+    def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
+        """The grammar's forced tokens, up to the first that would repeat an item."""
+        ids = self.inner.jump_forward(tokenizer, stop_before_merge=stop_before_merge)
+        for taken, token_id in enumerate(ids):
+            if self.repeats(token_id):
+                self.inner.rollback(len(ids) - taken)
+                return ids[:taken]
+            self.scanner.feed(self.tokens.bytes[token_id])
+            self.ids.append(token_id)
+        return ids

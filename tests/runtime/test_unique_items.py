@@ -1,0 +1,147 @@
+"""`uniqueItems` beside the grammar (unique_items.py, unique_matcher.py): through the real
+llguidance backend, every instance is decided as `jsonschema` decides it; a repeated item is
+refused at the token that would complete it, so the other ways on stay open; what cannot be
+enforced exactly is still refused by name."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import stemma
+from stemma.runtime.constrained.unique_items import canonical, unique_arrays
+from stemma.runtime.constrained.unique_matcher import JsonScanner
+
+INT, STR = {"type": "integer"}, {"type": "string"}
+TAGS = {"type": "array", "items": STR, "uniqueItems": True}
+
+
+def _valid(schema: Any, value: Any) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+# (schema, instances): object instances list keys in the schema's order.
+CASES = [
+    (TAGS, [[], ["a"], ["a", "b"], ["a", "a"], ["a", "ab", "a"], ["ab", "a"]]),
+    (
+        {"type": "array", "items": {"type": "number"}, "uniqueItems": True},
+        [[1, 2], [1, 1.0], [1, 10, 1], [0.5, 5], [-1, 1]],
+    ),
+    (
+        {"type": "array", "uniqueItems": True},
+        [[True, 1], [None, None], [[1], [1, 2]], [[1], [1]], [{"a": 1, "b": 2}, {"a": 1, "b": 2}]],
+    ),
+    (
+        {"type": "object", "properties": {"tags": TAGS, "free": {"type": "array"}}},
+        [{"tags": ["x", "y"], "free": [1, 1]}, {"tags": ["x", "x"]}, {"free": ["x", "x"]}],
+    ),
+    (  # through $ref, items and additionalProperties
+        {
+            "$defs": {"set": {"type": "array", "items": INT, "uniqueItems": True}},
+            "type": "object",
+            "properties": {"rows": {"type": "array", "items": {"$ref": "#/$defs/set"}}},
+            "additionalProperties": {"$ref": "#/$defs/set"},
+        },
+        [
+            {"rows": [[1, 2], [1, 2]]},
+            {"rows": [[1, 2], [2, 2]]},
+            {"rows": [], "k": [3, 4]},
+            {"rows": [], "k": [3, 3]},
+        ],
+    ),
+    (  # the only branch that admits an array
+        {"properties": {"ids": {"oneOf": [STR, {"type": "array", "uniqueItems": True}]}}},
+        [{"ids": "a"}, {"ids": ["a", "b"]}, {"ids": ["a", "a"]}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "instances"), CASES, ids=lambda x: json.dumps(x)[:50])
+def test_unique_items_decided_as_jsonschema_decides(schema: Any, instances: list[Any]) -> None:
+    verdicts = [_valid(schema, v) for v in instances]
+    assert True in verdicts and False in verdicts  # both sides are exercised
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    for value, valid in zip(instances, verdicts):
+        assert c.accepts(_compact(value)) == valid, value
+
+
+def test_a_repeat_is_refused_at_the_token_that_completes_it() -> None:
+    c = stemma.Constraint(json_schema=TAGS, backend="llguidance")
+    tok = c.tokenizer
+    m = c.matcher()
+    for t in tok.encode('["ab","a'):
+        assert m.accept(t)
+    quote = tok.encode('"')[0]
+    assert m.allows(quote)  # "a" is new
+    for t in tok.encode('",'):
+        assert m.accept(t)
+    second = tok.encode('"a')
+    for t in second:
+        assert m.accept(t)
+    assert not m.allows(quote)  # a second "a"
+    assert m.allows(tok.encode("b")[0])  # "ab..." is still open
+    bitmask = np.zeros((c.tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+    m.inner.fill_mask(bitmask)
+    bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
+    assert not bits[quote] and bits[tok.encode("b")[0]]
+    m.rollback(len(second))  # back to `["ab","a",`: both items are still known
+    third = tok.encode('"ab')
+    for t in third:
+        assert m.accept(t)
+    assert not m.allows(quote)
+    m.rollback(len(third))
+    for t in tok.encode('"c"]'):
+        assert m.accept(t)
+    assert m.is_final()
+
+
+def test_scanner_follows_keys_whitespace_and_escapes() -> None:
+    arrays = unique_arrays({"properties": {"a b": TAGS}})
+    for text, unique in [
+        ('{ "a b" : [ "x" , "y" ] }', True),
+        ('{"a b":["\\"x","\\"x"]}', False),
+        ('{"other":["x","x"],"a b":["x"]}', True),
+        ('{"a\\u0020b":["x","x"]}', False),
+    ]:
+        assert JsonScanner(arrays).feed(text.encode()) == unique, text
+
+
+def test_json_equality() -> None:
+    assert canonical(1) == canonical(1.0) and canonical(True) != canonical(1)
+    assert canonical({"a": 1, "b": [2]}) == canonical({"b": [2.0], "a": 1})
+    assert canonical(None) != canonical(False) and canonical("1") != canonical(1)
+
+
+STILL_REFUSED = [
+    # under `not`: dropping it there would change which instances pass
+    ({"type": "array", "not": {"uniqueItems": True, "items": INT}}, "not"),
+    # two branches admit arrays: which one holds is not known while decoding
+    (
+        {"anyOf": [{"type": "array", "uniqueItems": True}, {"type": "array", "maxItems": 3}]},
+        "uniqueItems",
+    ),
+    # under patternProperties: which keys it covers is a regex
+    ({"type": "object", "patternProperties": {"^x": TAGS}}, "uniqueItems"),
+    # recursive
+    (
+        {
+            "$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "uniqueItems": True}},
+            "$ref": "#/$defs/t",
+        },
+        "uniqueItems",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "keyword"), STILL_REFUSED, ids=lambda x: json.dumps(x)[:40])
+def test_what_cannot_be_enforced_exactly_is_refused_by_name(schema: Any, keyword: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"keyword '{keyword}'")):
+        stemma.Constraint(json_schema=schema, backend="llguidance")
