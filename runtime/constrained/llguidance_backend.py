@@ -159,6 +159,12 @@ class LLGuidanceMatcher:
             raise ValueError(f"token {token_id}: {self.error}")
         self.num_accepted += 1
 
+    def after(self, token_id: int) -> Any:
+        """A copy of the grammar past `token_id` (an llguidance LLMatcher), or None where it
+        does not take it: for a look further ahead that leaves this matcher as it is."""
+        m = self._m.deep_copy()
+        return m if m.consume_token(token_id) else None
+
     def rollback(self, num_tokens: int) -> None:
         """Undo the last num_tokens accepted (non-EOS) tokens."""
         if num_tokens:

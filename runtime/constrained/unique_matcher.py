@@ -6,7 +6,10 @@ so far. An item counts once it cannot grow: a string at its closing quote, a con
 closing bracket, a literal at its last letter, a number at the byte after it. So a repeated
 string or object is refused at the token that would close it, while other ways on are open.
 `UniqueItemsMatcher` wraps a grammar matcher: a token is allowed when the grammar allows it
-and the scanner, tried on a copy, completes no repeated item with it.
+and the scanner, tried on a copy, completes no repeated item with it, nor, where the item so
+far begins an earlier one (`"re` after `"red"`), with what the grammar then forces or with
+every token it then allows (up to `MAX_LOOKAHEAD`): an enum item is refused before its last
+letter, not left at a closing quote that nothing may follow.
 """
 
 from __future__ import annotations
@@ -24,23 +27,26 @@ if TYPE_CHECKING:
 _LITERALS = (b"true", b"false", b"null")
 _NUMBER = frozenset(b"0123456789.eE+-")
 _SPACE = frozenset(b" \t\n\r")
+MAX_LOOKAHEAD = 64  # tokens tried after a token that could lead only to repeats
 # scanner states
 VALUE, KEY_START, KEY, COLON, STRING, NUMBER, LITERAL, AFTER = range(8)
 
 
 class _Frame:
-    __slots__ = ("is_array", "at", "unique", "seen", "tried", "item_start")
+    __slots__ = ("is_array", "at", "unique", "seen", "texts", "tried", "item_start", "in_item")
 
     def __init__(self, is_array: bool, unique: bool) -> None:
         self.is_array, self.unique = is_array, unique
         self.at: Any = 0 if is_array else None  # current index or key
         self.seen: set[Any] = set()  # canonical items taken
+        self.texts: list[bytes] = []  # and as written
         self.tried: set[Any] = set()  # canonical items completed on a trial copy
-        self.item_start = 0
+        self.item_start, self.in_item = 0, False
 
     def copy(self) -> _Frame:
         f = _Frame(self.is_array, self.unique)
-        f.at, f.seen, f.item_start = self.at, self.seen, self.item_start
+        f.at, f.seen, f.texts = self.at, self.seen, self.texts
+        f.item_start, f.in_item = self.item_start, self.in_item
         return f
 
 
@@ -57,6 +63,21 @@ class JsonScanner:
     @property
     def in_unique(self) -> bool:
         return any(f.unique for f in self.stack)
+
+    def may_repeat(self) -> bool:
+        """An item in progress is, so far, the beginning of an earlier item as written."""
+        return bool(self.rests())
+
+    def rests(self) -> list[bytes]:
+        """What is left to write of each earlier item the item in progress begins (all of
+        each where an item is about to start)."""
+        out = []
+        for i, f in enumerate(self.stack):
+            starting = i == len(self.stack) - 1 and self.state == VALUE
+            if f.unique and (f.in_item or starting):
+                sofar = bytes(self.text[f.item_start :]) if f.in_item else b""
+                out += [text[len(sofar) :] for text in f.texts if text.startswith(sofar)]
+        return out
 
     @property
     def in_string(self) -> bool:
@@ -129,7 +150,7 @@ class JsonScanner:
         if self.stack and self.stack[-1].is_array:
             if byte == 0x5D:  # ] of an empty array
                 return self._close()
-            self.stack[-1].item_start = len(self.text) - 1
+            self.stack[-1].item_start, self.stack[-1].in_item = len(self.text) - 1, True
         if byte in (0x7B, 0x5B):  # { or [
             is_array = byte == 0x5B
             path = [f.at for f in self.stack]
@@ -164,14 +185,30 @@ class JsonScanner:
 
     def _completed(self) -> bool:
         """A value just ended: as an item of a unique array, it must be new."""
-        if not (self.stack and self.stack[-1].unique):
+        if not (self.stack and self.stack[-1].is_array):
             return True
         top = self.stack[-1]
-        item = canonical(json.loads(self.text[top.item_start :].decode()))
+        top.in_item = False
+        if not top.unique:
+            return True
+        text = bytes(self.text[top.item_start :])
+        item = canonical(json.loads(text.decode()))
         if item in top.seen or item in top.tried:
             return False
-        (top.tried if self.trial else top.seen).add(item)
+        if self.trial:
+            top.tried.add(item)
+        else:
+            top.seen.add(item)
+            top.texts.append(text)
         return True
+
+
+def _allowed_ids(matcher: Any, vocab_size: int) -> list[int]:
+    """The ids an llguidance LLMatcher allows next."""
+    words = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
+    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size]
+    return np.flatnonzero(bits).tolist()
 
 
 class TokenBytes:
@@ -183,6 +220,13 @@ class TokenBytes:
         ends = np.array([any(c in b for c in b",]} \t\n\rel") for b in token_bytes])
         self.has_quote = quotes > 0
         self.may_end = (quotes > 1) | ends
+        self.id_of = {b: i for i, b in enumerate(token_bytes) if b}
+
+    def prefixes(self, rests: list[bytes]) -> list[int]:
+        """The tokens whose bytes begin one of `rests`."""
+        return [
+            self.id_of[r[:k]] for r in rests for k in range(1, len(r) + 1) if r[:k] in self.id_of
+        ]
 
 
 class UniqueItemsMatcher:
@@ -211,10 +255,28 @@ class UniqueItemsMatcher:
         return self.inner.eos_token_ids
 
     def repeats(self, token_id: int) -> bool:
-        """Taking `token_id` would complete an item equal to an earlier one of its array."""
+        """Taking `token_id` would complete an item equal to an earlier one of its array, or
+        leave the grammar nothing else to do (see the module)."""
         if not self.scanner.in_unique or not 0 <= token_id < len(self.tokens.bytes):
             return False
-        return not self.scanner.trial_copy().feed(self.tokens.bytes[token_id])
+        trial = self.scanner.trial_copy()
+        if not trial.feed(self.tokens.bytes[token_id]):
+            return True
+        if not trial.may_repeat() or not hasattr(self.inner, "after"):
+            return False
+        after = self.inner.after(token_id)  # a copy of the grammar past the token
+        if after is None:
+            return False
+        forced = trial.trial_copy()
+        if not forced.feed(after.compute_ff_bytes()):
+            return True
+        allowed = _allowed_ids(after, len(self.tokens.bytes))
+        if not 0 < len(allowed) <= MAX_LOOKAHEAD:
+            return False
+        eos = self.inner.eos_token_ids
+        return all(
+            t not in eos and not trial.trial_copy().feed(self.tokens.bytes[t]) for t in allowed
+        )
 
     def allows(self, token_id: int) -> bool:
         return self.inner.allows(token_id) and not self.repeats(token_id)
@@ -251,6 +313,8 @@ class UniqueItemsMatcher:
         target = (words if row is None else words[row]).view(np.uint32)
         bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: len(self.tokens.bytes)]
         near = self.tokens.has_quote if self.scanner.in_string else self.tokens.may_end
+        near = near.copy()
+        near[self.tokens.prefixes(self.scanner.rests())] = True  # see repeats()
         eos = self.inner.eos_token_ids
         for token_id in np.flatnonzero(bits.astype(bool) & near):
             if int(token_id) not in eos and self.repeats(int(token_id)):

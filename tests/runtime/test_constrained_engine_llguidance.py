@@ -61,3 +61,26 @@ def test_refused_keyword_is_a_value_error_naming_its_path(engine: Engine) -> Non
     schema = {"type": "object", "properties": {"tags": tags}}
     with pytest.raises(ValueError, match="'uniqueItems' at #/properties/tags/anyOf/0"):
         engine.generate("hi", {"json_schema": json.dumps(schema), "max_new_tokens": 4})
+
+
+def test_unique_items_hold_in_decoded_outputs(engine: Engine) -> None:
+    """Three distinct colors out of three, with "red" pushed by a logit bias that makes the
+    model write it every time when left alone: the output is a permutation, never a repeat,
+    and no request is left at a closing quote that nothing may follow."""
+    colors = {"type": "string", "enum": ["red", "green", "blue"]}
+    tags = {"type": "array", "items": colors, "uniqueItems": True, "minItems": 3, "maxItems": 3}
+    schema = {
+        "type": "object",
+        "properties": {"colors": tags},
+        "required": ["colors"],
+        "additionalProperties": False,
+    }
+    red = [t for t in engine.tokenizer.encode('"red"') if engine.tokenizer.decode([t]) == "red"]
+    assert red
+    prompt = engine.apply_chat_template([{"role": "user", "content": "Name three colors."}])
+    params = {"json_schema": json.dumps(schema), "max_new_tokens": 40, "seed": 3}
+    params |= {"logit_bias": {str(t): 30.0 for t in red}}
+    for temperature in (0, 1.0):
+        out = engine.generate(prompt, params | {"temperature": temperature})
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        assert sorted(json.loads(out["text"])["colors"]) == ["blue", "green", "red"]

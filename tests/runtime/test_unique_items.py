@@ -145,3 +145,15 @@ STILL_REFUSED = [
 def test_what_cannot_be_enforced_exactly_is_refused_by_name(schema: Any, keyword: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"keyword '{keyword}'")):
         stemma.Constraint(json_schema=schema, backend="llguidance")
+
+
+def test_an_item_that_could_only_end_as_a_repeat_is_refused_before_its_last_letter() -> None:
+    schema = {"type": "array", "items": {"enum": ["red", "blue"]}, "uniqueItems": True}
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    tok, m = c.tokenizer, c.matcher()
+    for t in tok.encode('["red","'):
+        assert m.accept(t)
+    red = [t for t in tok.encode('"red"') if tok.decode([t]) == "red"][0]
+    blue = [t for t in tok.encode('"blue"') if tok.decode([t]) == "blue"][0]
+    assert not m.allows(red)  # the grammar would then force the closing quote of a repeat
+    assert m.allows(blue)
