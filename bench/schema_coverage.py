@@ -55,7 +55,8 @@ class _Stemma:
         import stemma
 
         self.Constraint, self.backend, self.timeout_s = stemma.Constraint, backend, timeout_s
-        self.tokenizer = self.Constraint(regex="x", backend=backend).tokenizer
+        # the same time limit as the compiles: one service, built before any is timed
+        self.tokenizer = self.Constraint(regex="x", backend=backend, timeout_s=timeout_s).tokenizer
 
     def compile(self, schema: Any) -> Any:
         return self.Constraint(json_schema=schema, backend=self.backend, timeout_s=self.timeout_s)
