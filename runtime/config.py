@@ -38,7 +38,8 @@ class EngineConfig:
     max_stop_chars: int = 1024  # characters in one stop string or stop regex
     max_stop_regex_states: int = 4096  # a request's stop regexes' automaton states, together
     max_prompt_chars: int = 1 << 20  # characters of one text prompt, before tokenizing
-    max_constraint_chars: int = 1 << 16  # characters of a regex / json_schema / ebnf
+    max_constraint_chars: int = 1 << 18  # characters of a regex / json_schema / ebnf (real-world
+    # schemas reach 150k: Kubernetes, JSONSchemaStore)
     max_queued_requests: int = 4096  # waiting requests; past it a new request is refused (429)
     max_schema_depth: int = 64  # nesting of a json_schema document (objects and lists)
     max_schema_regex_chars: int = 1 << 19  # a json_schema's regex, estimated before building
