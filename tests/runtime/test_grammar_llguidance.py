@@ -216,50 +216,34 @@ def test_constraint_api_rejects_bad_arguments() -> None:
         stemma.Constraint(regex="a", choices=["b"], backend="llguidance")
 
 
-def test_compile_past_the_time_limit_fails_only_its_request(smollm_tokenizer: Any) -> None:
-    """The compile_hang switch holds one build until the service closes: that request fails
-    naming the limit, and the next constraint still compiles."""
+@pytest.mark.parametrize("num_hung", [1, 2])
+def test_compile_past_the_time_limit_fails_only_its_request(
+    smollm_tokenizer: Any, num_hung: int
+) -> None:
+    """The compile_hang switch holds builds until the service closes: each such request fails
+    naming the limit, and, with every builder stuck (2 of 2), the builders that take their
+    places compile the next constraint."""
     from stemma.runtime.constrained.vocabulary import CompileLimits
     from stemma.runtime.faults import Faults
 
     faults = Faults(enabled=True)
-    faults.arm("compile_hang")
-    service = LLGuidanceService(smollm_tokenizer, CompileLimits(timeout_s=0.2), faults=faults)
-    try:
-        hung = service.submit("[a-z]{3}")
-        assert hung.wait(30) and "longer than the 0.2 s limit" in (hung.error or "")
-        with pytest.raises(ValueError, match="0.2 s limit"):
-            hung.matcher()
-        # The next compile gets a limit no machine comes near: only the hang may time out.
-        service.limits = CompileLimits(timeout_s=60.0)
-        fine = service.submit("[0-9]{2}")
-        assert fine.wait(30) and fine.error is None and not fine.matcher().is_final()
-    finally:
-        service.close()
-    assert faults.fired["compile_hang"] == 1
-
-
-def test_compiles_go_on_while_every_builder_is_stuck(smollm_tokenizer: Any) -> None:
-    """Two hung compiles hold both builders past the limit: each fails naming it, and the
-    builders that take their places compile the next constraint."""
-    from stemma.runtime.constrained.vocabulary import CompileLimits
-    from stemma.runtime.faults import Faults
-
-    faults = Faults(enabled=True)
-    faults.arm("compile_hang", 2)
+    faults.arm("compile_hang", num_hung)
     service = LLGuidanceService(
         smollm_tokenizer, CompileLimits(timeout_s=0.2), num_workers=2, faults=faults
     )
     try:
-        hung = [service.submit("[a-z]{3}"), service.submit("[a-z]{4}")]
+        hung = [service.submit(f"[a-z]{{{3 + i}}}") for i in range(num_hung)]
         for handle in hung:
             assert handle.wait(30) and "longer than the 0.2 s limit" in (handle.error or "")
+            with pytest.raises(ValueError, match="0.2 s limit"):
+                handle.matcher()
+        # The next compile gets a limit no machine comes near: only the hangs may time out.
         service.limits = CompileLimits(timeout_s=60.0)
         fine = service.submit("[0-9]{2}")
         assert fine.wait(30) and fine.error is None and not fine.matcher().is_final()
     finally:
         service.close()
-    assert faults.fired["compile_hang"] == 2
+    assert faults.fired["compile_hang"] == num_hung
 
 
 def test_engine_config_names_the_grammar_backends() -> None:

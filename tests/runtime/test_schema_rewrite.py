@@ -15,6 +15,7 @@ import stemma
 from stemma.runtime.constrained.schema_rewrite import rewrite_schema
 
 INT, STR = {"type": "integer"}, {"type": "string"}
+UNIQUE_TAGS = {"type": "array", "items": STR, "uniqueItems": True}
 
 
 def _valid(schema: Any, value: Any) -> bool:
@@ -133,6 +134,38 @@ EXACT = [
     (
         {"type": "object", "properties": {"a": INT}, "maxProperties": 1},
         [{}, {"a": 1}, {"z": 1}, {"a": 1, "z": 2}, {"y": 1, "z": 2}, {"a": "x"}],
+    ),
+    # uniqueItems enforced beside the grammar (unique_items.py)
+    (UNIQUE_TAGS, [[], ["a"], ["a", "b"], ["a", "a"], ["a", "ab", "a"], ["ab", "a"]]),
+    (
+        {"type": "array", "items": {"type": "number"}, "uniqueItems": True},
+        [[1, 2], [1, 1.0], [1, 10, 1], [0.5, 5], [-1, 1]],
+    ),
+    (
+        {"type": "array", "uniqueItems": True},
+        [[True, 1], [None, None], [[1], [1, 2]], [[1], [1]], [{"a": 1, "b": 2}, {"a": 1, "b": 2}]],
+    ),
+    (
+        {"type": "object", "properties": {"tags": UNIQUE_TAGS, "free": {"type": "array"}}},
+        [{"tags": ["x", "y"], "free": [1, 1]}, {"tags": ["x", "x"]}, {"free": ["x", "x"]}],
+    ),
+    (  # through $ref, items and additionalProperties
+        {
+            "$defs": {"set": {"type": "array", "items": INT, "uniqueItems": True}},
+            "type": "object",
+            "properties": {"rows": {"type": "array", "items": {"$ref": "#/$defs/set"}}},
+            "additionalProperties": {"$ref": "#/$defs/set"},
+        },
+        [
+            {"rows": [[1, 2], [1, 2]]},
+            {"rows": [[1, 2], [2, 2]]},
+            {"rows": [], "k": [3, 4]},
+            {"rows": [], "k": [3, 3]},
+        ],
+    ),
+    (  # the only branch that admits an array
+        {"properties": {"ids": {"oneOf": [STR, {"type": "array", "uniqueItems": True}]}}},
+        [{"ids": "a"}, {"ids": ["a", "b"]}, {"ids": ["a", "a"]}],
     ),
     # propertyNames as keys matched by a pattern or named, in a closed conjunct
     (
