@@ -327,7 +327,8 @@ class UniqueItemsMatcher:
         """The grammar's forced tokens, up to the first that would repeat an item."""
         ids = self.inner.jump_forward(tokenizer, stop_before_merge=stop_before_merge)
         for taken, token_id in enumerate(ids):
-            if self.repeats(token_id):
+            # the grammar has taken them all: only the scanner is asked (no look ahead)
+            if not self.scanner.trial_copy().feed(self.tokens.bytes[token_id]):
                 self.inner.rollback(len(ids) - taken)
                 return ids[:taken]
             self.scanner.feed(self.tokens.bytes[token_id])

@@ -103,3 +103,17 @@ def test_an_item_that_could_only_end_as_a_repeat_is_refused_before_its_last_lett
     blue = [t for t in tok.encode('"blue"') if tok.decode([t]) == "blue"][0]
     assert not m.allows(red)  # the grammar would then force the closing quote of a repeat
     assert m.allows(blue)
+
+
+def test_jump_forward_stops_before_a_forced_repeat() -> None:
+    """One value allowed and two items required: the grammar forces `,"x"]` after `["x"`,
+    and the draft stops short of the second "x" (the grammar rolled back to match)."""
+    schema = {"type": "array", "items": {"const": "x"}, "minItems": 2, "uniqueItems": True}
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    tok, m = c.tokenizer, c.matcher()
+    for t in tok.encode('["x"'):
+        assert m.accept(t)
+    forced = m.inner.jump_forward(tok, stop_before_merge=False)
+    text = '["x"' + tok.decode(forced)
+    assert text.count('"x"') == 1 and '["x",'.startswith(text[: len('["x",')])
+    assert m.inner.num_accepted == len(tok.encode('["x"')) + len(forced)
