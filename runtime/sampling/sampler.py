@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .params import SamplingParams
@@ -266,6 +267,11 @@ def _apply_bitmask(x: torch.Tensor, bitmask: torch.Tensor) -> None:
         apply_token_bitmask(x, bitmask.contiguous())
         return
     num_rows, vocab_size = x.shape
+    if x.device.type == "cpu":  # numpy's unpackbits: one pass, no [B, num_words, 32] temporary
+        words = np.ascontiguousarray(bitmask.numpy(), dtype="<i4")  # bit t of word w: id 32w + t
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+        x.masked_fill_(torch.from_numpy(bits == 0), float("-inf"))
+        return
     bits = torch.arange(32, dtype=torch.int32, device=x.device)
     is_allowed = ((bitmask[:, :, None] >> bits) & 1).bool()  # [B, num_words, 32]
     x.masked_fill_(~is_allowed.reshape(num_rows, -1)[:, :vocab_size], float("-inf"))
