@@ -111,13 +111,17 @@ def test_bounded_caps_only_unbounded_quantifiers():
 @pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "seed7"])
 def test_schema_corpus_outputs_validate(engines, schema_corpus, jump_forward, sampling):
     """JSON numbers have no length bound, so a model may run into max_new_tokens inside
-    one; such an output must still be a prefix the constraint allows, and nearly all finish."""
+    one; such an output is closed early (valid, ended up to 8 tokens before the budget; which
+    outputs get there can change with the batch's shapes in bfloat16) or else must still be a
+    prefix the constraint allows, and nearly all finish."""
     engine = engines[jump_forward]
     schemas = engine_schemas(schema_corpus)
     outs = run_corpus(engine, schema_requests(schemas), sampling)
     complete = 0
     for schema, out in zip(schemas, outs):
-        if out["meta_info"]["finish_reason"]["type"] == "stop":
+        if out["meta_info"]["finish_reason"]["type"] == "stop" or out["meta_info"].get(
+            "closed_early"
+        ):
             jsonschema.validate(json.loads(out["text"]), schema)
             complete += 1
         else:
