@@ -163,7 +163,7 @@ class SchemaLogic:
 
 def _discriminated(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Both require some key whose allowed constant values do not overlap."""
-    for key in set(_list(a.get("required"))) & set(_list(b.get("required"))):
+    for key in set(as_list(a.get("required"))) & set(as_list(b.get("required"))):
         va, vb = _constants(a, key), _constants(b, key)
         if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
             return True
@@ -174,7 +174,7 @@ def _forbids_required(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """`a` requires a key that `b` forbids."""
     props = b.get("properties") if isinstance(b.get("properties"), dict) else {}
     closed = b.get("additionalProperties") is False and "patternProperties" not in b
-    for key in _list(a.get("required")):
+    for key in as_list(a.get("required")):
         if props.get(key) is False or (closed and key not in props):
             return True
     return False
@@ -249,13 +249,13 @@ def _class_escape(ch: str) -> str:
 
 def _complement_types(value: Any) -> frozenset[str] | None:
     named = _type_set(value)
-    if "integer" in _list(value) and "number" not in _list(value):
+    if "integer" in as_list(value) and "number" not in as_list(value):
         return None  # the non-integer numbers are no JSON type
     return JSON_TYPES - named
 
 
 def _type_set(value: Any) -> frozenset[str]:
-    names = set(_list(value))
+    names = set(as_list(value))
     if "integer" in names:
         names = (names - {"integer"}) | {"number"}
     return frozenset(names) & JSON_TYPES
@@ -279,7 +279,8 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _list(v: Any) -> list[Any]:
+def as_list(v: Any) -> list[Any]:
+    """A keyword value that may be one item or a list of them, as a list."""
     return v if isinstance(v, list) else [v] if v is not None else []
 
 

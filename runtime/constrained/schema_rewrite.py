@@ -33,9 +33,9 @@ import json
 from typing import Any
 
 from .schema_finite import FiniteFolder, annotations
-from .schema_logic import ASSERTIONS, SchemaLogic, pointer, pointer_escape
+from .schema_logic import ASSERTIONS, SchemaLogic, as_list, pointer, pointer_escape
 from .schema_refs import inline_cyclic_refs
-from .unique_items import unique_arrays
+from .unique_items import UniqueArrays, unique_arrays
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
 _ONE = frozenset(
@@ -70,7 +70,7 @@ class _Rewriter(SchemaLogic):
         super().__init__(root)
         self.known_format = known_format
         self.finite = FiniteFolder(root)
-        self.unique = unique_arrays(root)
+        self._unique: UniqueArrays | None = None  # walked on the first uniqueItems met
         self.notes: list[str] = []
 
     def node(self, s: Any, path: str) -> Any:
@@ -136,7 +136,7 @@ class _Rewriter(SchemaLogic):
             s.get("uniqueItems") is True
             and (
                 _int(s.get("maxItems"), 2) <= 1
-                or id(pointer(self.root, path)) in self.unique.node_ids
+                or id(pointer(self.root, path)) in self.unique().node_ids
             )
         ):
             s = _without(s, "uniqueItems")
@@ -148,6 +148,12 @@ class _Rewriter(SchemaLogic):
             extra.insert(0, {"$ref": s["$ref"]})
             s = _without(s, "$ref")
         return _conjoin(s, extra)
+
+    def unique(self) -> UniqueArrays:
+        """Where the document's uniqueItems is enforced beside the grammar (one walk)."""
+        if self._unique is None:
+            self._unique = unique_arrays(self.root)
+        return self._unique
 
     def fold(self, s: dict[str, Any], path: str) -> dict[str, Any] | None:
         """The subschema at `path` as written, as the listed values that pass it."""
@@ -165,7 +171,7 @@ class _Rewriter(SchemaLogic):
             return [{"maxProperties": 0}]
         if not isinstance(names, dict) or set(names) & ASSERTIONS - _NAME_KEYWORDS:
             return None
-        if "type" in names and "string" not in _list(names["type"]):
+        if "type" in names and "string" not in as_list(names["type"]):
             return None
         out: list[Any] = []
         if isinstance(names.get("pattern"), str):
@@ -225,7 +231,7 @@ def _property_counts(s: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     is required; counts the other keywords imply are dropped, and "at least one" and "at most
     one" are said by naming which property is there."""
     props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
-    required = {k for k in _list(s.get("required")) if isinstance(k, str)}
+    required = {k for k in as_list(s.get("required")) if isinstance(k, str)}
     low, high = _int(s.get("minProperties"), -1), _int(s.get("maxProperties"), -1)
     closed = s.get("additionalProperties") is False and "patternProperties" not in s
     if 0 <= low <= len(required):
@@ -246,10 +252,6 @@ def _property_counts(s: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     else:
         return s, None
     return _without(s, "minProperties", "maxProperties"), {"anyOf": branches}
-
-
-def _list(v: Any) -> list[Any]:
-    return v if isinstance(v, list) else [v] if v is not None else []
 
 
 def _dependency(key: str, dependency: Any) -> Any:

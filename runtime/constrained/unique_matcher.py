@@ -313,8 +313,9 @@ class UniqueItemsMatcher:
         target = (words if row is None else words[row]).view(np.uint32)
         bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: len(self.tokens.bytes)]
         near = self.tokens.has_quote if self.scanner.in_string else self.tokens.may_end
-        near = near.copy()
-        near[self.tokens.prefixes(self.scanner.rests())] = True  # see repeats()
+        if prefixes := self.tokens.prefixes(self.scanner.rests()):  # see repeats()
+            near = near.copy()
+            near[prefixes] = True
         eos = self.inner.eos_token_ids
         for token_id in np.flatnonzero(bits.astype(bool) & near):
             if int(token_id) not in eos and self.repeats(int(token_id)):
