@@ -17,6 +17,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
+    """HEAD's short hash (-dirty with local changes); STEMMA_BENCH_COMMIT names it where the
+    tree was copied without its git history (bench/gpu_check.sh on a lent GPU machine)."""
+    if os.environ.get("STEMMA_BENCH_COMMIT"):
+        return os.environ["STEMMA_BENCH_COMMIT"]
     root = Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(

@@ -40,18 +40,19 @@ SYSTEM = (
 )
 
 
-def hf_model(model: str, dtype: str):
+def hf_model(model: str, dtype: str, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     ckpt = resolve_checkpoint(model)
-    return AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=DTYPES[dtype]).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=DTYPES[dtype])
+    return hf.to(device).eval()
 
 
 def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> None:
     """Batched greedy generate, left-padded, fixed length (no early EOS)."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=hf.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
     with torch.inference_mode():
         hf.generate(
             ids,
@@ -199,22 +200,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stream-requests", type=int, default=48)
     p.add_argument("--stream-rate", type=float, default=4.0)
     p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (HF runs on the same device)")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     args = p.parse_args(argv)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     workloads = args.workloads.split(",")
     rows: list[dict[str, Any]] = []
-    common = {"model": args.model, "dtype": args.dtype, "kv_cache_mb": 1024}
-    with Engine(args.model, dtype=args.dtype, kv_cache_mb=1024) as engine:
+    options = {
+        "dtype": args.dtype,
+        "kv_cache_mb": 1024,
+        "device": args.device,
+        "attention_backend": args.attention_backend,
+    }
+    common: dict[str, Any] = {"model": args.model, **options}
+    if args.device.startswith("cuda"):
+        common["gpu"] = torch.cuda.get_device_name(args.device)
+    with Engine(args.model, **options) as engine:
         common["dtype"] = engine.dtype.name
+        common["attention_backend"] = engine.config.resolved_attention_backend
         needs_hf = {"decode", "fanout"} & set(workloads)
-        hf = hf_model(args.model, engine.dtype.name) if needs_hf else None
+        hf = hf_model(args.model, engine.dtype.name, args.device) if needs_hf else None
         if "decode" in workloads:
             rows += bench_decode(engine, hf, args)
         if "fanout" in workloads:
-            with Engine(
-                args.model, dtype=args.dtype, kv_cache_mb=1024, disable_radix_cache=True
-            ) as nocache:
+            with Engine(args.model, **options, disable_radix_cache=True) as nocache:
                 rows += bench_fanout(engine, nocache, hf, args)
         if "stream" in workloads:
             rows += bench_stream(engine, args)

@@ -166,7 +166,8 @@ class SchedulerHarness:
 
         config.setdefault("dtype", "float64")
         self.cfg = EngineConfig(model=str(ckpt), **config)
-        loaded = load_model(self.cfg.model, resolve_dtype(self.cfg.dtype, "cpu").torch_dtype)
+        dtype = resolve_dtype(self.cfg.dtype, self.cfg.device).torch_dtype
+        loaded = load_model(self.cfg.model, dtype, self.cfg.device)
         self.tokenizer = loaded.tokenizer
         self.runner = ModelRunner(self.cfg, loaded)
         sampler = Sampler(loaded.config.vocab_size, self.tokenizer.eos_token_ids, 0)

@@ -1,12 +1,18 @@
 """Kernel tests run under the Triton interpreter on CPU; the variable must be set before any
-kernel module is imported, hence at conftest import time. Shared paged-KV builders live here."""
+kernel module is imported, hence at conftest import time. With STEMMA_KERNEL_DEVICE=cuda they
+run the compiled kernels on the GPU instead (bench/gpu_check.sh). Shared paged-KV builders live
+here; inputs are drawn on the CPU from a seeded generator, then moved, so both runs see the same
+numbers."""
 
 from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"
+DEVICE = os.environ.get("STEMMA_KERNEL_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 
+import functools  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
@@ -51,15 +57,17 @@ def make_paged_kv(
     page_size: int,
     dtype: torch.dtype,
     gen: torch.Generator,
+    device: torch.device | str = "cpu",
 ) -> PagedKV:
     """Random pools (every slot, used or not, holds random values) and a scattered layout."""
     slots = scattered_slots(seq_lens, page_size, gen)
     num_slots = (max(s for req in slots for s in req) // page_size + 2) * page_size
     shape = (num_slots, num_kv_heads, head_dim)
-    k_buffer = torch.randn(shape, generator=gen).to(dtype)
-    v_buffer = torch.randn(shape, generator=gen).to(dtype)
-    kv_indptr = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
-    kv_indices = torch.tensor([s for req in slots for s in req], dtype=torch.int32)
+    k_buffer = torch.randn(shape, generator=gen).to(device, dtype)
+    v_buffer = torch.randn(shape, generator=gen).to(device, dtype)
+    cumsum = torch.tensor(seq_lens).cumsum(0).tolist()
+    kv_indptr = torch.tensor([0, *cumsum], dtype=torch.int32, device=device)
+    kv_indices = torch.tensor([s for req in slots for s in req], dtype=torch.int32, device=device)
     return PagedKV(k_buffer, v_buffer, kv_indptr, kv_indices, slots)
 
 
@@ -69,8 +77,15 @@ def gen() -> torch.Generator:
 
 
 @pytest.fixture
-def paged_kv() -> Callable[..., PagedKV]:
-    return make_paged_kv
+def device() -> torch.device:
+    if DEVICE != "cpu" and not torch.cuda.is_available():
+        pytest.fail(f"STEMMA_KERNEL_DEVICE={DEVICE!r} but torch.cuda.is_available() is False")
+    return torch.device(DEVICE)
+
+
+@pytest.fixture
+def paged_kv(device: torch.device) -> Callable[..., PagedKV]:
+    return functools.partial(make_paged_kv, device=device)
 
 
 @pytest.fixture
