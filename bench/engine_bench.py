@@ -68,6 +68,17 @@ def greedy(new_tokens: int) -> dict[str, Any]:
     return {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
 
 
+def generate_checked(engine: Engine, prompts: list[list[int]], new_tokens: int) -> None:
+    """engine.generate, failing the bench unless every request wrote all its tokens (a failed
+    step must not be timed as a fast one)."""
+    outs = engine.generate(input_ids=prompts, sampling_params=greedy(new_tokens))
+    for out in outs if isinstance(outs, list) else [outs]:
+        meta = out["meta_info"]
+        if meta["completion_tokens"] != new_tokens:
+            raise RuntimeError(f"a request wrote {meta['completion_tokens']} of {new_tokens} "
+                               f"tokens: {meta['finish_reason']}")  # fmt: skip
+
+
 def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
     rng = random.Random(0)
     rows = []
@@ -77,7 +88,7 @@ def bench_decode(engine: Engine, hf, args) -> list[dict[str, Any]]:
 
         def run_engine(prompts: list[list[int]] = prompts) -> None:
             engine.flush_cache()
-            engine.generate(input_ids=prompts, sampling_params=greedy(args.new_tokens))
+            generate_checked(engine, prompts, args.new_tokens)
 
         def run_hf(prompts: list[list[int]] = prompts) -> None:
             hf_generate(hf, prompts, args.new_tokens)
@@ -120,7 +131,7 @@ def bench_fanout(engine: Engine, nocache: Engine, hf, args) -> list[dict[str, An
 
     def run(e: Engine) -> None:
         e.flush_cache()
-        e.generate(input_ids=prompts, sampling_params=greedy(n))
+        generate_checked(e, prompts, n)
 
     t = interleaved_medians(
         {"engine": lambda: run(engine), "nocache": lambda: run(nocache)}, args.repeats

@@ -11,6 +11,7 @@ import triton.language as tl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
+CAPTURING_LAUNCHES = False  # kernels/aot.py: launches are recorded for compiling, never run
 
 
 def check_device(kernel: object, tensors: dict[str, torch.Tensor]) -> None:
@@ -20,7 +21,8 @@ def check_device(kernel: object, tensors: dict[str, torch.Tensor]) -> None:
     for name, device in devices.items():
         if device != first:
             raise ValueError(f"{name} is on {device} but {first_name} is on {first}")
-    if isinstance(kernel, triton.runtime.JITFunction) and first.type != "cuda":
+    compiled = isinstance(kernel, triton.runtime.JITFunction)
+    if compiled and first.type != "cuda" and not CAPTURING_LAUNCHES:
         raise ValueError(
             f"tensors are on {first}; compiled Triton kernels need a CUDA device "
             "(set TRITON_INTERPRET=1 before importing stemma.kernels to run on CPU)"

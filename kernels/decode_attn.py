@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ._common import check_device, check_out, check_paged_kv, dot_config, mma
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a jit function reads only constexpr globals
 MAX_KV_SPLITS = 64
 
 
