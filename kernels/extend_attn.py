@@ -207,8 +207,9 @@ def extend_attention_ref(
         if logit_cap > 0:
             logits = logit_cap * torch.tanh(logits / logit_cap)
         seq_len, extend_len = slots.numel(), qb.shape[0]
-        q_pos = torch.arange(seq_len - extend_len, seq_len)[:, None]
-        logits = logits.masked_fill(torch.arange(seq_len)[None, :] > q_pos, float("-inf"))
+        q_pos = torch.arange(seq_len - extend_len, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+        logits = logits.masked_fill(k_pos > q_pos, float("-inf"))
         o = torch.einsum("htn,nhd->thd", logits.softmax(-1), v)
         out[qo[b] : qo[b + 1]] = o.to(q.dtype)
     return out
