@@ -1,5 +1,6 @@
-"""decode_attention against decode_attention_ref (interpreter on CPU, compiled on CUDA): ragged contexts of
-length 1, 7, 64, 300 (not multiples of the block), GQA groups 1 and 3, paged layouts."""
+"""decode_attention against decode_attention_ref (interpreter on CPU, compiled on CUDA): ragged
+contexts of length 1, 7, 64, 300 (not multiples of the block), GQA groups 1 and 3, paged
+layouts."""
 
 from __future__ import annotations
 

@@ -26,9 +26,7 @@ def run(harness_factory, ckpt, backend, device, prompts: list[list[int]]) -> lis
     return [r.output_ids for r in reqs]
 
 
-def test_triton_backend_matches_torch_greedy(
-    tiny_llama_dir, harness_factory, make_prompts, device
-):
+def test_triton_backend_matches_torch_greedy(tiny_llama_dir, harness_factory, make_prompts, device):
     prompts = make_prompts([20, 1, 37, 5], 384, 21)
     prompts[2] = prompts[0] + prompts[2][:10]  # shares a cached prefix with the first
     got = run(harness_factory, tiny_llama_dir, "triton", device, prompts)

@@ -21,9 +21,7 @@ CASES = [
 ]
 
 
-def make_inputs(
-    prefix_lens, extend_lens, group, head_dim, page_size, dtype, gen, paged_kv, device
-):
+def make_inputs(prefix_lens, extend_lens, group, head_dim, page_size, dtype, gen, paged_kv, device):
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     kv = paged_kv(seq_lens, NUM_KV_HEADS, head_dim, page_size, dtype, gen)
     num_tokens = sum(extend_lens)
