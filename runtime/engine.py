@@ -21,6 +21,7 @@ from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .cpu_caches import HeapTrimmer, bound_onednn_caches
 from .dtype_policy import plan_small_steps, resolve_dtype
+from .engine_core import build_core
 from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueGate
 from .executor.model_runner import ModelRunner
 from .executor.tensor_parallel import TensorParallel, WorkerLost
@@ -29,10 +30,8 @@ from .inbox import AbortRequest, AddRequests, CallOnEngine, Command, Event, Stop
 from .io_struct import GenerateRequest, check_prompt
 from .models.loader import load_model, resolve_checkpoint
 from .response import ResponseBuilder, StreamText, final_text
-from .sampling.sampler import Sampler, SamplingState
-from .scheduler.output_processor import OutputProcessor
+from .sampling.sampler import SamplingState
 from .scheduler.req import FinishReason, Req
-from .scheduler.scheduler import Scheduler
 from .scheduler.stop import StopSpec, compile_stops
 from .tokenizer import IncrementalDetokenizer
 
@@ -88,10 +87,8 @@ class Engine:
             self.tp.wait_ready(rows, fp16)
             self.tp.on_lost = self._on_rank_lost
         self.vocab_size = loaded.config.vocab_size
-        sampler = Sampler(self.vocab_size, self.tokenizer.eos_token_ids, cfg.random_seed)
-        self.outputs = OutputProcessor(
-            self.tokenizer, sampler, self.runner.context_len, cfg.enable_jump_forward
-        )
+        self.core = build_core(cfg, self.runner, self.tokenizer, self.vocab_size)
+        self.scheduler, self.outputs = self.core.scheduler, self.core.outputs
         limits = CompileLimits(
             timeout_s=cfg.grammar_timeout_s, max_index_bytes=cfg.grammar_max_index_mb << 20
         )
@@ -99,7 +96,6 @@ class Engine:
         self.constraints = Constraints(
             self.tokenizer, grammar, limits, self.faults, cfg.grammar_backend
         )
-        self.scheduler = Scheduler(cfg, self.runner, self.outputs)
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
         self.heap = HeapTrimmer()  # hands freed heap pages back to the OS (cpu_caches.py)
@@ -291,26 +287,28 @@ class Engine:
     # ---- engine thread --------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            busy = bool(self.scheduler.running or self.scheduler.waiting)
+            busy = self.scheduler.has_work
             if not busy and self.heap.steps_since_trim:
                 self.heap.release()  # idle: return the last steps' temporaries to the OS
             if not self._drain_inbox(block=not busy):
                 break
-            if not (self.scheduler.running or self.scheduler.waiting):
+            if not self.scheduler.has_work:
                 continue
             try:
-                advanced = self.scheduler.step()
+                batch = self.core.step()
+                advanced = batch.rejected + batch.reqs
             except WorkerLost as e:  # the group is broken: nothing can run any more
                 self._on_rank_lost(str(e))
                 advanced = []
             except Exception as e:  # noqa: BLE001 - fail the batch's requests, keep serving
                 log.exception("engine step failed")
                 advanced = self._fail_batch(f"engine error: {type(e).__name__}: {e}")
-            if self.scheduler.last_batch is None and not advanced:
+            ran = self.core.batch is not None and bool(self.core.batch.reqs)
+            if not ran and not advanced:
                 self._idle_wait()  # waiting requests cannot start yet (e.g. grammar compiling)
             else:
                 self.heap.after_step()
-            self.metrics.on_step(self.scheduler.last_batch)
+            self.metrics.on_step(self.core.batch)
             self._emit(advanced)
             if self.check_invariants:
                 self.scheduler.check_memory()
@@ -363,7 +361,7 @@ class Engine:
             for idx, req in enumerate(reqs):
                 refused = self.unavailable or f"duplicate rid {req.rid!r}"
                 if self.unavailable or req.rid in self._handles:
-                    req.finish = FinishReason("abort", message=refused)
+                    req.finish = FinishReason.abort(refused)
                     sink((idx, self.responses.build(req, ""), True))
                     continue
                 detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
@@ -389,7 +387,7 @@ class Engine:
                 self._emit_one(req, handle)
             except Exception as e:  # noqa: BLE001 - this request fails; the loop goes on
                 log.exception("request %s: building its response failed", req.rid)
-                req.finish = FinishReason("abort", message=f"engine error: {e!r}")
+                req.finish = FinishReason.abort(f"engine error: {e!r}")
                 self.scheduler.abort(req.rid, req.finish.message)
                 del self._handles[req.rid]
                 self._deliver(handle, req, (handle.index, self.responses.failed(req), True))
@@ -423,9 +421,12 @@ class Engine:
             self._inbox.put(CallOnEngine(lambda: self._on_rank_lost(message), lambda _: None))
 
     def _fail_batch(self, message: str) -> list[Req]:
-        batch = self.scheduler.last_batch
+        """Abort the failed step's requests (every running one if it failed while deciding);
+        returns them with the step's rejections, which are finished already."""
+        batch = self.core.batch
         reqs = list(batch.reqs) if batch is not None else list(self.scheduler.running)
-        return [r for r in (self.scheduler.abort(r.rid, message) for r in reqs) if r is not None]
+        failed = [r for r in (self.scheduler.abort(r.rid, message) for r in reqs) if r is not None]
+        return (batch.rejected if batch is not None else []) + failed
 
     def _abort_all(self, message: str) -> None:
         queues = list(self.scheduler.running) + list(self.scheduler.waiting)

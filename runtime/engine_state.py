@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .inbox import Event
 from .response import StreamText
-from .scheduler.req import Req
+from .scheduler.req import FinishKind, Req
 
 if TYPE_CHECKING:
     from .scheduler.batch import ScheduledBatch
@@ -135,7 +135,7 @@ class Handle:
 class EngineMetrics:
     num_requests: int = 0
     num_finished: dict[str, int] = field(
-        default_factory=lambda: {"stop": 0, "length": 0, "abort": 0}
+        default_factory=lambda: {kind.value: 0 for kind in FinishKind}
     )
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -150,7 +150,7 @@ class EngineMetrics:
         self.num_requests += 1
 
     def on_step(self, batch: ScheduledBatch | None) -> None:
-        if batch is not None:
+        if batch is not None and batch.reqs:
             self.num_steps += 1
             self.num_forward_tokens += sum(batch.num_new)
 
@@ -160,7 +160,7 @@ class EngineMetrics:
 
     def on_finish(self, req: Req) -> None:
         now = time.monotonic()
-        self.num_finished[req.finish.kind] += 1
+        self.num_finished[req.finish.kind.value] += 1
         self.prompt_tokens += len(req.input_ids)
         self.generation_tokens += len(req.output_ids)
         self.cached_tokens += req.cached_tokens

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .scheduler.req import Req
+from .scheduler.req import FinishKind, Req
 from .scheduler.stop import StopPrefixes
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -38,7 +38,7 @@ class StreamText:
 def final_text(tokenizer: Tokenizer, req: Req) -> str:
     text = tokenizer.decode(req.output_ids, req.params.skip_special_tokens)
     f = req.finish
-    if f is not None and f.kind == "stop" and isinstance(f.matched, str):
+    if f is not None and f.kind is FinishKind.STOP and isinstance(f.matched, str):
         if not req.params.no_stop_trim:
             idx = text.find(f.matched)
             text = text[:idx] if idx >= 0 else text

@@ -150,30 +150,71 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2", tie=True)
 
 
+class FakeRunner:
+    """A model runner without a model, for tests of scheduling alone: the real slot pools and
+    ForwardBatch, and logits that put every row's weight on a token that is a pure function
+    of the row's input token and position (so outputs repeat exactly, as greedy ones do)."""
+
+    def __init__(self, cfg, vocab_size: int, context_len: int = 2048):
+        from stemma.runtime.executor.memory import ReqToTokenPool, SlotAllocator
+
+        self.cfg, self.vocab_size, self.context_len = cfg, vocab_size, context_len
+        self.allocator = SlotAllocator(cfg.max_total_tokens or 4096, cfg.page_size)
+        self.req_to_token_pool = ReqToTokenPool(
+            cfg.max_running_requests, context_len + cfg.page_size
+        )
+        self.weights_note = None
+
+    def build_batch(self, req_pool_idx, prefix_lens, input_ids, out_cache_loc, logit_rows=None):
+        import torch
+        from stemma.runtime.executor.forward_batch import ForwardBatch
+
+        start = 0
+        for row, prefix, ids in zip(req_pool_idx, prefix_lens, input_ids):
+            self.req_to_token_pool.write(row, prefix, out_cache_loc[start : start + len(ids)])
+            start += len(ids)
+        loc = torch.tensor(out_cache_loc, dtype=torch.int32)
+        table = self.req_to_token_pool.req_to_token
+        return ForwardBatch.build(table, req_pool_idx, prefix_lens, input_ids, loc, logit_rows)
+
+    def forward(self, fb):
+        import torch
+
+        ids, pos = fb.input_ids[fb.logits_idx], fb.positions[fb.logits_idx]
+        picked = (ids * 31 + pos * 7 + 3) % (self.vocab_size - 3) + 3  # ids 0-2: specials
+        logits = torch.zeros(len(picked), self.vocab_size)
+        return logits.scatter_(1, picked[:, None], 10.0)
+
+
 class SchedulerHarness:
     """The engine's parts without its thread: tests add requests and call step() themselves,
-    checking the memory invariant after every step."""
+    checking the memory invariant after every step. fake_model: a FakeRunner instead of the
+    checkpoint's model (its tokenizer and vocabulary still come from `ckpt`)."""
 
-    def __init__(self, ckpt: Path, **config):
+    def __init__(self, ckpt: Path, fake_model: bool = False, **config):
         import torch
         from stemma.runtime.config import EngineConfig
         from stemma.runtime.dtype_policy import resolve_dtype
+        from stemma.runtime.engine_core import build_core
         from stemma.runtime.executor.model_runner import ModelRunner
         from stemma.runtime.models.loader import load_model
-        from stemma.runtime.sampling.sampler import Sampler
-        from stemma.runtime.scheduler.output_processor import OutputProcessor
-        from stemma.runtime.scheduler.scheduler import Scheduler
+        from stemma.runtime.tokenizer import Tokenizer
 
         config.setdefault("dtype", "float64")
         self.cfg = EngineConfig(model=str(ckpt), **config)
-        dtype = resolve_dtype(self.cfg.dtype, self.cfg.device).torch_dtype
-        loaded = load_model(self.cfg.model, dtype, self.cfg.device)
-        self.tokenizer = loaded.tokenizer
-        self.runner = ModelRunner(self.cfg, loaded)
-        sampler = Sampler(loaded.config.vocab_size, self.tokenizer.eos_token_ids, 0)
-        self.outputs = OutputProcessor(self.tokenizer, sampler, self.runner.context_len)
-        self.scheduler = Scheduler(self.cfg, self.runner, self.outputs)
-        self.vocab_size = loaded.config.vocab_size
+        if fake_model:
+            self.tokenizer = Tokenizer(ckpt)
+            self.vocab_size = self.tokenizer.vocab_size
+            self.runner = FakeRunner(self.cfg, self.vocab_size)
+        else:
+            dtype = resolve_dtype(self.cfg.dtype, self.cfg.device).torch_dtype
+            loaded = load_model(self.cfg.model, dtype, self.cfg.device)
+            self.tokenizer = loaded.tokenizer
+            self.runner = ModelRunner(self.cfg, loaded)
+            self.vocab_size = loaded.config.vocab_size
+        # The engine's own assembly: the same sampler, output processor and scheduler.
+        self.core = build_core(self.cfg, self.runner, self.tokenizer, self.vocab_size)
+        self.scheduler, self.outputs = self.core.scheduler, self.core.outputs
         self.steps: list[dict[str, int]] = []
         torch.manual_seed(0)
 
@@ -185,18 +226,17 @@ class SchedulerHarness:
         logprob = LogprobRequest(**params.pop("logprob", {}))
         sp = SamplingParams.from_dict({"temperature": 0, "ignore_eos": True, **params})
         req = Req(rid, list(ids), sp, SamplingState.create(sp, ids, self.vocab_size), logprob)
-        self.scheduler.waiting.append(req)
+        self.scheduler.add(req)
         return req
 
     def step(self) -> None:
-        self.scheduler.step()
-        batch = self.scheduler.last_batch
-        self.steps.append(batch.describe() if batch else {})
+        batch = self.core.step()
+        self.steps.append(batch.describe())
         self.scheduler.check_memory()
 
     def run(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):
-            if not (self.scheduler.running or self.scheduler.waiting):
+            if not self.scheduler.has_work:
                 return
             self.step()
         raise AssertionError("requests did not finish")
@@ -277,7 +317,7 @@ class StepGate:
     ) -> None:
         self.free, self.when = free, when
         self.released, self.held = threading.Event(), threading.Event()
-        real = engine.scheduler.step
+        real = engine.core.step
 
         def step():
             if not self.released.is_set() and self._hold_now():
@@ -285,7 +325,7 @@ class StepGate:
                 assert self.released.wait(60), "the test never released the engine"
             return real()
 
-        monkeypatch.setattr(engine.scheduler, "step", step)
+        monkeypatch.setattr(engine.core, "step", step)
 
     def _hold_now(self) -> bool:
         if self.when is not None:

@@ -1,14 +1,15 @@
-"""Verified jump-forward: text a constraint forces is appended as a draft and checked by the
-model in the same forward that computes its K/V (the grammar is the draft model of
-speculative decoding). Round r samples position r of every request still verifying, under
-its constraint's mask; a draft token stands only if it is what the model itself sampled there.
+"""Drafts, verified: tokens a draft source proposes (first of all the text a constraint forces,
+jump-forward) are appended as a draft and checked by the model in the same forward that
+computes their K/V (the source is the draft model of speculative decoding). Round r samples
+position r of every request still verifying, under its constraint's mask; a draft token
+stands only if it is what the model itself sampled there.
 So the output is exactly what token-by-token constrained decoding gives (greedy: the same ids;
 seeded sampling: the same draws), while accepted drafts cost no forward passes of their own.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .req import FinishReason, Req
 
@@ -18,23 +19,49 @@ if TYPE_CHECKING:
 MAX_DRAFT_TOKENS = 64  # well inside the Matcher's rollback window (MAX_ROLLBACK = 1024)
 
 
-def make_draft(req: Req, tokenizer: Tokenizer, context_len: int) -> None:
-    """After a token is verified: the ids the constraint forces next, kept pending (not in
-    output_ids, the matcher not advanced) until the model confirms them. The draft runs to
-    the end of the forced text, boundary token included: verification, not the draft,
-    decides where forced text meets free text. It stops where decoding without it would
-    have stopped: at max_new_tokens, and short of the context, whose last position never
-    gets K/V (the step that samples it is the request's last)."""
-    m = req.grammar
+class DraftSource(Protocol):
+    """Proposes the tokens a request may write next, verified in the next forward. Output
+    never depends on a source: a draft token stands only where the model samples it too."""
+
+    def propose(self, req: Req) -> list[int]:
+        """Token ids to verify after req's last verified token ([] for none)."""
+        ...
+
+
+class ConstraintDraft:
+    """The text the request's constraint forces next (jump-forward). The matcher is left where
+    it was: its tokens are accepted as they are verified."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+
+    def propose(self, req: Req) -> list[int]:
+        m = req.grammar
+        if m is None or m.is_finished():
+            return []
+        # To the end of the forced text, boundary token included: verification, not the
+        # draft, decides where forced text meets free text.
+        forced = m.jump_forward(self.tokenizer, stop_before_merge=False)
+        m.rollback(len(forced))
+        return forced
+
+
+def make_draft(req: Req, sources: list[DraftSource], context_len: int) -> None:
+    """After a token is verified: the first source's proposal, kept pending (not in
+    output_ids) until the model confirms it. It stops where decoding without it would have
+    stopped: at max_new_tokens, and short of the context, whose last position never gets K/V
+    (the step that samples it is the request's last)."""
     room = min(
         req.params.max_new_tokens - len(req.output_ids) - 1,  # the round after the draft
         context_len - 1 - req.seq_len,
+        MAX_DRAFT_TOKENS,
     )
-    if m is None or room <= 0 or m.is_finished():
+    if room <= 0:
         return
-    forced = m.jump_forward(tokenizer, stop_before_merge=False)
-    m.rollback(len(forced))
-    req.draft = forced[: min(room, MAX_DRAFT_TOKENS)]
+    for source in sources:
+        if proposed := source.propose(req):
+            req.draft = proposed[:room]
+            return
 
 
 def drop_draft(req: Req, num_verified: int) -> None:
@@ -52,7 +79,7 @@ def accept_into_grammar(req: Req, token: int, eos_ids: frozenset[int]) -> None:
     try:
         m.accept_token(token)
     except ValueError as err:  # cannot happen under the mask; never continue off-grammar
-        req.finish = FinishReason("abort", message=f"constraint: {err}")
+        req.finish = FinishReason.abort(f"constraint: {err}")
         return
     if token not in eos_ids and m.is_finished():
-        req.finish = FinishReason("stop", matched=None)
+        req.finish = FinishReason.stop(None)

@@ -1,9 +1,8 @@
 """OutputProcessor: from one forward's logits to appended tokens, logprobs and finish reasons.
 
-Per request it plans which logit rows the step needs (the last verified token's position and
-each draft token's, when tokens are to be sampled; every prompt position from
-logprob_start_len on when prompt logprobs were asked for), samples all requests at once in
-rounds (runtime/scheduler/draft.py), then checks stop conditions. What one request's own
+After the forward (the rows were planned before it, planner.py) it records prompt logprobs,
+samples all requests at once in rounds (verifying drafts, draft.py), then checks stop
+conditions and asks the draft sources for the next draft. What one request's own
 outputs raise (its logprobs, stops, draft) fails that request alone, never its batch.
 """
 
@@ -12,30 +11,21 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..constrained.closing import ClosingMatcher, ClosingTokens
 from ..constrained.matcher import fill_bitmask
-from ..executor.forward_batch import ForwardBatch
-from ..executor.model_runner import ModelRunner
 from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
 from ..tokenizer import Tokenizer
 from .batch import ScheduledBatch
-from .draft import accept_into_grammar, drop_draft, make_draft
-from .req import FinishReason, Req
+from .draft import ConstraintDraft, DraftSource, accept_into_grammar, drop_draft, make_draft
+from .planner import RowPlan
+from .req import FinishKind, FinishReason, Req
 from .stop import StopMatcher, StopSpec
 
 log = logging.getLogger("stemma.outputs")
-
-
-@dataclass(slots=True)
-class RowPlan:
-    first_row: int  # this request's first row in the step's logits
-    input_positions: list[int]  # prompt positions p whose logits score token p + 1
-    num_sample: int  # rows after those that sample (1 + draft length), 0 = none
 
 
 class OutputProcessor:
@@ -46,7 +36,8 @@ class OutputProcessor:
         self.sampler = sampler
         self.context_len = context_len
         self.eos_ids = tokenizer.eos_token_ids
-        self.jump_forward = jump_forward
+        # Where drafts come from, first proposal wins; jump-forward off: no drafts at all.
+        self.drafts: list[DraftSource] = [ConstraintDraft(tokenizer)] if jump_forward else []
         self._closing_tokens: ClosingTokens | None = None  # built on first use
 
     def matcher_for(self, req: Req, matcher: Any) -> Any:
@@ -57,41 +48,6 @@ class OutputProcessor:
             self._closing_tokens = ClosingTokens.from_tokenizer(self.tokenizer)
         budget = req.params.max_new_tokens
         return ClosingMatcher(matcher, budget, self._closing_tokens, self.tokenizer)
-
-    # ---- before the forward ---------------------------------------------------------------
-    def build_forward(
-        self, runner: ModelRunner, batch: ScheduledBatch
-    ) -> tuple[ForwardBatch, list[RowPlan]]:
-        rows, prefix_lens, input_ids, out_loc, logit_rows, plans = [], [], [], [], [], []
-        num_rows = 0
-        for req, n in zip(batch.reqs, batch.num_new):
-            start = req.kv_len
-            fill = req.fill_ids
-            rows.append(req.row)
-            prefix_lens.append(start)
-            input_ids.append(fill[start : start + n])
-            out_loc += req.slots[start : start + n]
-            plan = self.plan_rows(req, start, n, num_rows)
-            sample_rows = list(range(n - plan.num_sample, n))
-            wanted = [p - start for p in plan.input_positions] + sample_rows
-            logit_rows.append(wanted)
-            num_rows += len(wanted)
-            plans.append(plan)
-        fb = runner.build_batch(rows, prefix_lens, input_ids, out_loc, logit_rows)
-        return fb, plans
-
-    @staticmethod
-    def plan_rows(req: Req, start: int, n: int, first_row: int) -> RowPlan:
-        completes = start + n == req.seq_len
-        sample = completes and req.params.max_new_tokens > len(req.output_ids)
-        positions: list[int] = []
-        if req.wants_input_logprobs and not req.output_ids:
-            first = max(max(req.logprob.logprob_start_len, 1) - 1, start)
-            last = min(len(req.input_ids) - 2, start + n - 1)
-            positions = list(range(first, last + 1))
-        # The last token and each draft token's position: the rounds of verification.
-        num_sample = 1 + len(req.draft) if sample else 0
-        return RowPlan(first_row, positions, num_sample)
 
     # ---- after the forward ----------------------------------------------------------------
     def process(
@@ -120,8 +76,8 @@ class OutputProcessor:
             if req.finish is None and not req.is_prefilling and not req.draft:
                 with failing_alone(req, num_verified=None):
                     req.finish = self.check_finish(req)
-                    if req.finish is None and self.jump_forward:
-                        make_draft(req, self.tokenizer, self.context_len)
+                    if req.finish is None and self.drafts:
+                        make_draft(req, self.drafts, self.context_len)
             if req.finish is not None:
                 mark_closed_early(req)
                 done.append(req)
@@ -148,7 +104,7 @@ class OutputProcessor:
         for req, row in active:
             if req.grammar is not None and req.grammar.is_finished():
                 drop_draft(req, r)  # the constraint is complete: nothing more to sample
-                req.finish = req.finish or FinishReason("stop", matched=None)
+                req.finish = req.finish or FinishReason.stop(None)
             else:
                 live.append((req, row))
         if not live:
@@ -159,9 +115,8 @@ class OutputProcessor:
         for i, (req, row) in enumerate(live):
             if i in dead:
                 drop_draft(req, r)
-                req.finish = FinishReason(
-                    "abort",
-                    message="no token is allowed: every logit was masked (constraint or bias)",
+                req.finish = FinishReason.abort(
+                    "no token is allowed: every logit was masked (constraint or bias)"
                 )
                 continue
             token = out.next_ids[i]
@@ -229,23 +184,23 @@ class OutputProcessor:
     def check_finish(self, req: Req) -> FinishReason | None:
         p = req.params
         if p.max_new_tokens == 0:
-            return FinishReason("length", length=0)
+            return FinishReason.length_of(0)
         if not req.output_ids:
             return None
         last = req.output_ids[-1]
         if last in self.eos_ids and not p.ignore_eos:
-            return FinishReason("stop", matched=last)
+            return FinishReason.stop(last)
         if p.stop_token_ids and last in p.stop_token_ids:
-            return FinishReason("stop", matched=last)
+            return FinishReason.stop(last)
         if p.stop or p.stop_regex:
             if (matched := self.stop_matcher(req).feed(req.output_ids)) is not None:
-                return FinishReason("stop", matched=matched)
+                return FinishReason.stop(matched)
         if len(req.output_ids) >= p.max_new_tokens:
-            return FinishReason("length", length=p.max_new_tokens)
+            return FinishReason.length_of(p.max_new_tokens)
         # The verified sequence: during verification rounds the draft still holds tokens
         # that output_ids already has, and seq_len would count them twice.
         if len(req.input_ids) + len(req.output_ids) >= self.context_len:
-            return FinishReason("length", length=len(req.output_ids))
+            return FinishReason.length_of(len(req.output_ids))
         return None
 
     def stop_matcher(self, req: Req) -> StopMatcher:
@@ -260,9 +215,9 @@ class OutputProcessor:
 
 def mark_closed_early(req: Req) -> None:
     """A constrained output that early closing completed ends as a length finish, flagged."""
-    if req.finish is not None and req.finish.kind == "stop":
+    if req.finish is not None and req.finish.kind is FinishKind.STOP:
         if isinstance(req.grammar, ClosingMatcher) and req.grammar.closed_early:
-            req.finish = FinishReason("length", length=len(req.output_ids), closed_early=True)
+            req.finish = FinishReason.length_of(len(req.output_ids), closed_early=True)
 
 
 @contextlib.contextmanager
@@ -278,7 +233,7 @@ def failing_alone(req: Req, num_verified: int | None) -> Iterator[None]:
             req.draft = []
         elif req.draft:
             drop_draft(req, num_verified)
-        req.finish = FinishReason("abort", message=f"output processing: {type(e).__name__}: {e}")
+        req.finish = FinishReason.abort(f"output processing: {type(e).__name__}: {e}")
 
 
 def take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

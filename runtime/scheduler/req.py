@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 from ..sampling.params import SamplingParams
 from ..sampling.sampler import SamplingState
@@ -20,7 +21,16 @@ if TYPE_CHECKING:
     from ..constrained.backend import GrammarHandleLike, GrammarMatcher
     from .stop import StopMatcher
 
-FinishKind = Literal["stop", "length", "abort"]
+
+class FinishKind(str, Enum):
+    """Why a request ended; the value is SGLang's finish_reason type."""
+
+    STOP = "stop"  # EOS, a stop token / string / regex, or a completed constraint
+    LENGTH = "length"  # max_new_tokens or the context length
+    ABORT = "abort"  # an error, a refusal or the caller; message says which
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(slots=True)
@@ -31,10 +41,23 @@ class FinishReason:
     message: str | None = None
     closed_early: bool = False  # a length finish whose output early closing completed
 
+    @staticmethod
+    def stop(matched: int | str | None) -> FinishReason:
+        """matched: the stop token id or the stop text, None for a completed constraint."""
+        return FinishReason(FinishKind.STOP, matched=matched)
+
+    @staticmethod
+    def length_of(length: int, closed_early: bool = False) -> FinishReason:
+        return FinishReason(FinishKind.LENGTH, length=length, closed_early=closed_early)
+
+    @staticmethod
+    def abort(message: str) -> FinishReason:
+        return FinishReason(FinishKind.ABORT, message=message)
+
     def to_dict(self) -> dict[str, Any]:
-        if self.kind == "stop":
+        if self.kind is FinishKind.STOP:
             return {"type": "stop", "matched": self.matched}
-        if self.kind == "length":
+        if self.kind is FinishKind.LENGTH:
             return {"type": "length", "length": self.length}
         return {"type": "abort", "message": self.message}
 

@@ -1,60 +1,56 @@
-"""Scheduler: continuous batching over the radix cache and the KV slot pool.
+"""Scheduler: continuous batching over the radix cache and the KV slot pool. It only decides.
 
 Each step is one forward: the running requests' decodes plus, when any are waiting or
 mid-prefill, prefill chunks under a token budget (a MIXED batch), so a long prompt holds
-decodes back by at most one chunk. Invariant after every step (check_memory()):
+decodes back by at most one chunk. `schedule()` decides a step, `finish_step()` hands the
+cache back after it; running the step is the engine core's (runtime/engine_core.py).
+Invariant after every step (check_memory()):
 free + tree.evictable + tree.locked + private slots of running requests == capacity.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
+from typing import Any
 
 from ..config import EngineConfig
 from ..executor.model_runner import ModelRunner
 from .batch import ScheduledBatch
 from .cache import CacheManager
-from .output_processor import OutputProcessor
 from .policy import RoundDedup, SchedulePolicy
 from .req import FinishReason, Req
 
 NEW_TOKEN_RATIO = 0.3  # share of each running request's remaining budget kept in reserve
 
+# A compiled constraint's matcher -> the one the request uses (early closing wraps it).
+WrapMatcher = Callable[[Req, Any], Any]
+
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, runner: ModelRunner, outputs: OutputProcessor):
+    def __init__(
+        self, cfg: EngineConfig, runner: ModelRunner, wrap_matcher: WrapMatcher | None = None
+    ):
+        """runner: only its memory pools are used (slot allocator, req_to_token rows)."""
         self.cfg = cfg
-        self.runner = runner
-        self.outputs = outputs
         self.cache = CacheManager(cfg, runner)
         self.alloc, self.rows, self.tree = self.cache.alloc, self.cache.rows, self.cache.tree
         self.policy = SchedulePolicy(cfg.schedule_policy, self.tree)
+        self.wrap_matcher = wrap_matcher or (lambda req, matcher: matcher)
         self.waiting: list[Req] = []  # in arrival order (add and retract keep it so)
         self.running: list[Req] = []
-        self.last_batch: ScheduledBatch | None = None
-        self.rejected: list[Req] = []  # finished without running; the engine reports them
         self.num_retractions = 0
 
-    # ---- the loop body -------------------------------------------------------------------
-    def step(self) -> list[Req]:
-        """Schedule and run one forward; returns the requests that advanced or finished."""
-        batch = self.schedule()
-        self.last_batch = batch
-        rejected, self.rejected = self.rejected, []
-        if batch is None:
-            return rejected
-        fb, plans = self.outputs.build_forward(self.runner, batch)
-        logits = self.runner.forward(fb)
-        self.outputs.process(batch, plans, logits)
-        for req, was_prefill in zip(batch.reqs, batch.is_prefill):
-            if req.finish is not None:
-                self.cache.release(req, finished=True)
-            elif was_prefill:
-                self.cache.cache_unfinished(req)
-        self.running = [r for r in self.running if r.finish is None]
-        return rejected + batch.reqs
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
 
-    def schedule(self) -> ScheduledBatch | None:
+    # ---- one step ---------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        """The next step: decodes, continuing prefill chunks, then admissions under the token
+        budget; with the requests that finished without running (their batch.rejected). Its
+        reqs are empty when nothing can run now (e.g. every waiting constraint compiles)."""
+        rejected: list[Req] = []
         decodes = [r for r in self.running if not r.is_prefilling]
         decodes = self.reserve_decode_slots(decodes)
         reqs, num_new = list(decodes), [r.num_pending for r in decodes]
@@ -66,18 +62,30 @@ class Scheduler:
             reqs.append(req)
             num_new.append(n)
             budget -= n
-        for req, n in self.admit(budget):
+        for req, n in self.admit(budget, rejected):
             reqs.append(req)
             num_new.append(n)
         is_prefill = [i >= len(decodes) for i in range(len(reqs))]
-        return ScheduledBatch(reqs, num_new, is_prefill) if reqs else None
+        return ScheduledBatch(reqs, num_new, is_prefill, rejected)
+
+    def finish_step(self, batch: ScheduledBatch) -> None:
+        """After the step's outputs: finished requests hand their KV to the cache, prefills
+        that are still running insert what they computed."""
+        for req, was_prefill in zip(batch.reqs, batch.is_prefill):
+            if req.finish is not None:
+                self.cache.release(req, finished=True)
+            elif was_prefill:
+                self.cache.cache_unfinished(req)
+        self.running = [r for r in self.running if r.finish is None]
 
     # ---- admission ------------------------------------------------------------------------
     def add(self, req: Req) -> None:
         """Queue a new request, in arrival order (the newest goes last, in O(log n))."""
         bisect.insort(self.waiting, req, key=_arrival)
 
-    def admit(self, budget: int) -> list[tuple[Req, int]]:
+    def admit(self, budget: int, rejected: list[Req]) -> list[tuple[Req, int]]:
+        """Waiting requests that start this step, with their chunk lengths; those that can
+        never start go to `rejected`, finished."""
         admitted: list[tuple[Req, int]] = []
         dedup = RoundDedup(self.tree is not None)
         available = self.alloc.num_free + self.cache.evictable()
@@ -85,7 +93,7 @@ class Scheduler:
         for req in self.policy.order(self.waiting):
             if budget <= 0 or len(self.running) >= self.cfg.max_running_requests:
                 break
-            if not self.grammar_ready(req):
+            if not self.grammar_ready(req, rejected):
                 continue
             prefix, node = self.cache.match(req)
             if dedup.should_defer(req, len(prefix)):
@@ -99,12 +107,10 @@ class Scheduler:
             if not self.cache.start(req, prefix, node, n):
                 if not (self.running or admitted):  # it cannot fit even in an empty pool
                     self.waiting.remove(req)
-                    req.finish = FinishReason(
-                        "abort",
-                        message="the request needs more KV "
-                        f"slots than the pool has ({self.alloc.capacity})",
+                    req.finish = FinishReason.abort(
+                        f"the request needs more KV slots than the pool has ({self.alloc.capacity})"
                     )
-                    self.rejected.append(req)
+                    rejected.append(req)
                 break
             available -= need
             budget -= n
@@ -114,7 +120,7 @@ class Scheduler:
             self.running.append(req)
         return admitted
 
-    def grammar_ready(self, req: Req) -> bool:
+    def grammar_ready(self, req: Req, rejected: list[Req]) -> bool:
         """False while its constraint compiles; a failed compile fails the request."""
         handle = req.grammar_handle
         if handle is None or req.grammar is not None:
@@ -123,10 +129,10 @@ class Scheduler:
             return False
         if handle.error is not None:
             self.waiting.remove(req)
-            req.finish = FinishReason("abort", message=f"constraint: {handle.error}")
-            self.rejected.append(req)
+            req.finish = FinishReason.abort(f"constraint: {handle.error}")
+            rejected.append(req)
             return False
-        req.grammar = self.outputs.matcher_for(req, handle.matcher())
+        req.grammar = self.wrap_matcher(req, handle.matcher())
         return True
 
     def extend_len(self, req: Req, budget: int) -> int:
@@ -171,7 +177,7 @@ class Scheduler:
             self.running.remove(req)
             done.append(req)
         for req in done:
-            req.finish = FinishReason("abort", message=messages[req.rid])
+            req.finish = FinishReason.abort(messages[req.rid])
         return done
 
     def flush_cache(self) -> None:

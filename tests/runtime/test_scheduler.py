@@ -1,4 +1,6 @@
-"""Scheduler behaviour step by step: cached_tokens, stops, the memory invariant under churn."""
+"""Scheduler behaviour step by step: cached_tokens, stops, the memory invariant under churn.
+Tests of scheduling alone run on a fake model (conftest.FakeRunner): the real pools and
+batches, no weights."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 
 
 def test_same_prompt_twice_caches_all_but_one(tiny_llama_dir, harness_factory, make_prompts):
-    h = harness_factory(tiny_llama_dir, max_total_tokens=1024)
+    h = harness_factory(tiny_llama_dir, fake_model=True, max_total_tokens=1024)
     [p] = make_prompts([40], 384, 1)
     first = h.add("a", p, max_new_tokens=2)
     h.run()
@@ -21,7 +23,7 @@ def test_same_prompt_twice_caches_all_but_one(tiny_llama_dir, harness_factory, m
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_shared_prefix_reports_its_length(tiny_llama_dir, harness_factory, make_prompts, page_size):
-    h = harness_factory(tiny_llama_dir, max_total_tokens=1024, page_size=page_size)
+    h = harness_factory(tiny_llama_dir, fake_model=True, max_total_tokens=1024, page_size=page_size)
     shared, a_tail, b_tail = make_prompts([23, 5, 6], 384, 2)
     h.add("a", shared + a_tail, max_new_tokens=1)
     h.run()
@@ -33,7 +35,9 @@ def test_shared_prefix_reports_its_length(tiny_llama_dir, harness_factory, make_
 def test_shared_uncached_prefix_computed_once_per_round(
     tiny_llama_dir, harness_factory, make_prompts
 ):
-    h = harness_factory(tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=512)
+    h = harness_factory(
+        tiny_llama_dir, fake_model=True, max_total_tokens=2048, chunked_prefill_size=512
+    )
     shared, *tails = make_prompts([64, 3, 4, 5], 384, 3)
     for i, t in enumerate(tails):
         h.add(f"q{i}", shared + t, max_new_tokens=1)
@@ -45,7 +49,11 @@ def test_shared_uncached_prefix_computed_once_per_round(
 
 def test_chunk_budget_limits_each_step(tiny_llama_dir, harness_factory, make_prompts):
     h = harness_factory(
-        tiny_llama_dir, max_total_tokens=2048, chunked_prefill_size=32, max_prefill_tokens=40
+        tiny_llama_dir,
+        fake_model=True,
+        max_total_tokens=2048,
+        chunked_prefill_size=32,
+        max_prefill_tokens=40,
     )
     a, b = make_prompts([70, 20], 384, 4)
     h.add("a", a, max_new_tokens=2)
@@ -102,6 +110,7 @@ def test_memory_invariant_under_random_churn(tiny_llama_dir, harness_factory):
     rng = random.Random(0)
     h = harness_factory(
         tiny_llama_dir,
+        fake_model=True,
         dtype="float32",
         max_total_tokens=400,
         page_size=1,
@@ -139,7 +148,7 @@ def test_memory_invariant_under_random_churn(tiny_llama_dir, harness_factory):
 
 
 def test_flush_cache_refused_while_requests_wait(tiny_llama_dir, harness_factory):
-    h = harness_factory(tiny_llama_dir, max_total_tokens=256)
+    h = harness_factory(tiny_llama_dir, fake_model=True, max_total_tokens=256)
     h.add("a", [5, 6, 7], max_new_tokens=3)
     with pytest.raises(RuntimeError, match="flush_cache refused"):
         h.scheduler.flush_cache()

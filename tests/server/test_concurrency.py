@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from stemma.runtime.scheduler.batch import ScheduledBatch
 
 NUM_CLIENTS = 64
 HANG_UP_TOKENS = 400  # the hang-up clients' requests; no other request asks for as many
@@ -70,17 +71,16 @@ def start_when_queued(engine, monkeypatch: pytest.MonkeyPatch, n: int) -> thread
     """Until n requests are queued the engine's steps find nothing to run (the loop then waits
     on its inbox, as while a constraint compiles), so all n start in the same steps however
     their connections interleave. The event is set at the first real step."""
-    scheduler, real, started = engine.scheduler, engine.scheduler.step, threading.Event()
+    scheduler, real, started = engine.scheduler, engine.scheduler.schedule, threading.Event()
 
-    def step():
+    def schedule():
         if not started.is_set():
             if len(scheduler.waiting) + len(scheduler.running) < n:
-                scheduler.last_batch = None
-                return []
+                return ScheduledBatch([], [], [])
             started.set()
         return real()
 
-    monkeypatch.setattr(scheduler, "step", step)
+    monkeypatch.setattr(scheduler, "schedule", schedule)
     return started
 
 

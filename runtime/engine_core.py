@@ -1,0 +1,50 @@
+"""EngineCore: the parts one engine step needs, built in one place (the engine and the tests
+build them here), and the step itself:
+
+    schedule -> prepare -> forward -> process outputs -> finish the step
+
+The scheduler decides (scheduler/scheduler.py), the planner lays the step out for the model
+(scheduler/planner.py), the runner computes logits (executor/model_runner.py), the output
+processor turns them into tokens and finish reasons (scheduler/output_processor.py), and the
+scheduler hands the KV of finished requests back to the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import EngineConfig
+from .executor.model_runner import ModelRunner
+from .sampling.sampler import Sampler
+from .scheduler.batch import ScheduledBatch
+from .scheduler.output_processor import OutputProcessor
+from .scheduler.planner import prepare_step
+from .scheduler.scheduler import Scheduler
+from .tokenizer import Tokenizer
+
+
+@dataclass  # not slots: tests hold the engine's loop by patching step on the instance
+class EngineCore:
+    runner: ModelRunner
+    outputs: OutputProcessor
+    scheduler: Scheduler
+    batch: ScheduledBatch | None = None  # the step in progress, then the last one decided
+
+    def step(self) -> ScheduledBatch:
+        """One step; its batch holds the requests that advanced and those it rejected."""
+        self.batch = None
+        self.batch = batch = self.scheduler.schedule()
+        if batch.reqs:
+            fb, plans = prepare_step(self.runner, batch)
+            self.outputs.process(batch, plans, self.runner.forward(fb))
+        self.scheduler.finish_step(batch)
+        return batch
+
+
+def build_core(
+    cfg: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer, vocab_size: int
+) -> EngineCore:
+    """The sampler, output processor and scheduler over a built runner."""
+    sampler = Sampler(vocab_size, tokenizer.eos_token_ids, cfg.random_seed)
+    outputs = OutputProcessor(tokenizer, sampler, runner.context_len, cfg.enable_jump_forward)
+    return EngineCore(runner, outputs, Scheduler(cfg, runner, outputs.matcher_for))
