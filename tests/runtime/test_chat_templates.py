@@ -9,7 +9,7 @@ import pytest
 from stemma.runtime.engine import Engine
 from stemma.runtime.tokenizer import Tokenizer
 
-from ..conftest import write_tiny_tokenizer
+from ..fixtures import write_tiny_tokenizer
 
 # The constructs of Llama 3.x templates that a plain Jinja environment rejects.
 LLAMA3_STYLE = (

@@ -19,7 +19,7 @@ from stemma.runtime.engine import Engine
 from stemma.runtime.executor.step_message import pack_stop
 from stemma.runtime.executor.tp_auth import seal
 
-from ..conftest import build_tiny_checkpoint
+from ..fixtures import build_tiny_checkpoint
 
 # 160 slots: four 30-token prompts growing by 25 tokens each do not fit at once.
 OPTS = dict(dtype="float64", max_total_tokens=160, chunked_prefill_size=64)
