@@ -31,23 +31,9 @@ from stemma.runtime.models.loader import resolve_checkpoint
 from stemma.runtime.tokenizer import Tokenizer
 
 from .common import append_results
+from .tool_schemas import tool_call, weather_args
 
-TOOL_CALL = {
-    "type": "object",
-    "properties": {
-        "name": {"const": "get_weather"},
-        "arguments": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer"},
-            },
-            "required": ["city", "unit", "days"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
+TOOL_CALL = tool_call(weather_args())
 _FIELDS = {"id": "integer", "name": "string", "email": "string", "active": "boolean"}
 NESTED_13 = {  # 13 leaf fields over three levels
     "type": "object",

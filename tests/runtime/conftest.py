@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from stemma.bench.tool_schemas import tool_call, weather_args
 
 # Every pattern is in the dialect Python `re` and Rust `regex` (outlines-core) agree on.
 REGEX_CORPUS: list[str] = [
@@ -39,22 +40,7 @@ REGEX_CORPUS: list[str] = [
     r"[ぁ-ん]{2,6}",
 ]
 
-_TOOL_CALL = {
-    "type": "object",
-    "properties": {
-        "name": {"const": "get_weather"},
-        "arguments": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer"},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
+_TOOL_CALL = tool_call(weather_args(required=("city", "unit"), max_city_len=20))
 
 SCHEMA_CORPUS: list[dict[str, Any]] = [
     _TOOL_CALL,
