@@ -104,11 +104,12 @@ def compile_latencies(vocab: Vocabulary, spec: ConstraintSpec, repeats: int) -> 
     ]
 
 
-def byte_distances(matcher: Matcher) -> dict[int, int]:
-    """Fewest bytes from each reachable state to a final one (breadth-first, backwards)."""
-    grammar, single = matcher.grammar, matcher.grammar.vocab.single_byte_ids().values()
+def byte_distances(grammar: Any, start: int) -> dict[int, int]:
+    """Fewest bytes from each state reachable from `start` to a final one (breadth-first,
+    backwards, over single-byte tokens). The tests' fake model walks by it too."""
+    single = grammar.vocab.single_byte_ids().values()
     reverse: dict[int, set[int]] = {}
-    seen, stack = {matcher.state}, [matcher.state]
+    seen, stack = {start}, [start]
     while stack:
         state = stack.pop()
         for token_id in single:
@@ -138,7 +139,7 @@ def fake_decode(
     vocab = matcher.grammar.vocab
     rng = None if seed is None else np.random.default_rng(seed)
     row = np.empty((vocab.vocab_size + 31) // 32, dtype=np.int32)
-    dist, ids, states, num_forced = byte_distances(matcher), [], [], 0
+    dist, ids, states, num_forced = byte_distances(matcher.grammar, matcher.state), [], [], 0
     eos = min(vocab.eos_token_ids)
     while not matcher.is_finished():
         if jump and (forced := matcher.jump_forward(tokenizer)):
