@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import platform
 import statistics
 import sys
 import tempfile
@@ -263,11 +262,8 @@ def follow_text(matcher: Matcher, tokenizer: Tokenizer, target: str) -> tuple[in
 
 
 def record(workload: str, rows: list[tuple], command: str) -> None:
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "outlines_core": importlib.metadata.version("outlines_core"),
-    }
+    # python's and torch's versions are in every line's hardware stamp (common.hardware)
+    versions = {"outlines_core": importlib.metadata.version("outlines_core")}
     lines = [
         {
             "model": "smollm2-135m vocabulary (49,152 tokens)",
