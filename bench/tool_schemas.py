@@ -1,8 +1,8 @@
 """The get_weather tool, the one tool schema that benches and tests share: the schema of its
 arguments (city, unit, days), of a call {"name": ..., "arguments": ...} as a constrained output,
-and its entry in an OpenAI request's `tools`. A variant (fewer fields, more required, a bounded
-city, a closed object, another field schema) is asked for by keyword, so every use reads as
-the shared tool plus its difference."""
+and its entry in an OpenAI request's `tools`. A variant (fewer fields, fewer of them required,
+a bounded city, a closed object, another schema for a field) is asked for by keyword, so every
+use reads as the shared tool plus its difference."""
 
 from __future__ import annotations
 
@@ -30,16 +30,19 @@ def weather_args(
     WEATHER_FIELDS unless `field_schemas` gives it), all of them required unless `required`
     names fewer, a city of at most `max_city_len` characters, and no other keys where
     `closed`."""
-    if not set(fields) | set(field_schemas) <= set(WEATHER_FIELDS) or field_schemas.keys() - fields:
+    if not set(fields) <= WEATHER_FIELDS.keys() or not field_schemas.keys() <= set(fields):
         raise ValueError(
-            f"fields {fields} and field_schemas {sorted(field_schemas)}: each must be one of "
-            f"get_weather's fields {list(WEATHER_FIELDS)}, and field_schemas among fields"
+            f"get_weather's fields are {list(WEATHER_FIELDS)}; asked for {list(fields)}, "
+            f"with schemas for {sorted(field_schemas)}"
         )
     properties = {f: copy.deepcopy(field_schemas.get(f, WEATHER_FIELDS[f])) for f in fields}
     if max_city_len is not None:
         properties["city"]["maxLength"] = max_city_len
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
-    schema["required"] = list(fields if required is None else required)
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "required": list(fields if required is None else required),
+    }
     if closed:
         schema["additionalProperties"] = False
     return schema
