@@ -44,8 +44,10 @@ def git_commit() -> str:
 
 
 def cpu_model() -> tuple[str, list[str]]:
-    """The CPU's model name and the instruction sets that decide stemma's CPU paths."""
-    name, flags = platform.processor() or platform.machine(), set[str]()
+    """The CPU's model name ("unknown" where /proc/cpuinfo gives none: the architecture,
+    hardware()'s "arch", is no model name) and the instruction sets that decide stemma's CPU
+    paths."""
+    name, flags = "unknown", set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -75,6 +77,7 @@ def hardware() -> dict[str, Any]:
     name, isa = cpu_model()
     return {
         "cpu": name,
+        "arch": platform.machine(),
         "isa": isa,
         "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
         "num_cpus": os.cpu_count(),

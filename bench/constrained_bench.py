@@ -24,23 +24,9 @@ from typing import Any
 from ..runtime.engine import Engine
 from ..runtime.scheduler import output_processor
 from .common import append_results, print_table
+from .tool_schemas import TOOL_NAMES, tool_call, weather_args
 
-TOOL_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"enum": ["get_weather", "get_time", "search_web"]},
-        "arguments": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 24},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-                "days": {"enum": [1, 2, 3, 4, 5, 6, 7]},
-            },
-            "required": ["city", "unit", "days"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
+TOOL_SCHEMA = tool_call(weather_args(max_city_len=24, days={"enum": list(range(1, 8))}), TOOL_NAMES)
 CITIES = ["Paris", "Tokyo", "Lima", "Nairobi", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Bern"]
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,23 +30,9 @@ from stemma.runtime.models.loader import resolve_checkpoint
 from stemma.runtime.tokenizer import Tokenizer
 
 from .common import append_results
+from .tool_schemas import tool_call, weather_args
 
-TOOL_CALL = {
-    "type": "object",
-    "properties": {
-        "name": {"const": "get_weather"},
-        "arguments": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer"},
-            },
-            "required": ["city", "unit", "days"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
+TOOL_CALL = tool_call(weather_args())
 _FIELDS = {"id": "integer", "name": "string", "email": "string", "active": "boolean"}
 NESTED_13 = {  # 13 leaf fields over three levels
     "type": "object",
@@ -118,11 +103,12 @@ def compile_latencies(vocab: Vocabulary, spec: ConstraintSpec, repeats: int) -> 
     ]
 
 
-def byte_distances(matcher: Matcher) -> dict[int, int]:
-    """Fewest bytes from each reachable state to a final one (breadth-first, backwards)."""
-    grammar, single = matcher.grammar, matcher.grammar.vocab.single_byte_ids().values()
+def byte_distances(grammar: Any, start: int) -> dict[int, int]:
+    """Fewest bytes from each state reachable from `start` to a final one (breadth-first,
+    backwards, over single-byte tokens). The tests' fake model walks by it too."""
+    single = grammar.vocab.single_byte_ids().values()
     reverse: dict[int, set[int]] = {}
-    seen, stack = {matcher.state}, [matcher.state]
+    seen, stack = {start}, [start]
     while stack:
         state = stack.pop()
         for token_id in single:
@@ -152,7 +138,7 @@ def fake_decode(
     vocab = matcher.grammar.vocab
     rng = None if seed is None else np.random.default_rng(seed)
     row = np.empty((vocab.vocab_size + 31) // 32, dtype=np.int32)
-    dist, ids, states, num_forced = byte_distances(matcher), [], [], 0
+    dist, ids, states, num_forced = byte_distances(matcher.grammar, matcher.state), [], [], 0
     eos = min(vocab.eos_token_ids)
     while not matcher.is_finished():
         if jump and (forced := matcher.jump_forward(tokenizer)):
@@ -276,11 +262,8 @@ def follow_text(matcher: Matcher, tokenizer: Tokenizer, target: str) -> tuple[in
 
 
 def record(workload: str, rows: list[tuple], command: str) -> None:
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "outlines_core": importlib.metadata.version("outlines_core"),
-    }
+    # python's and torch's versions are in every line's hardware stamp (common.hardware)
+    versions = {"outlines_core": importlib.metadata.version("outlines_core")}
     lines = [
         {
             "model": "smollm2-135m vocabulary (49,152 tokens)",

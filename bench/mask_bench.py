@@ -26,24 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from .common import append_results, interleaved_times, paired_speedup, print_table
+from .tool_schemas import TOOL_NAMES, tool_call, weather_args
 
 MODEL = "smollm2-135m"
 # An array of tool calls with at least 100 items: no output closes it within the step bench.
 LONG_SCHEMA = {
     "type": "array",
     "minItems": 100,
-    "items": {
-        "type": "object",
-        "properties": {
-            "name": {"enum": ["get_weather", "get_time", "search_web"]},
-            "arguments": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
-        },
-        "required": ["name", "arguments"],
-    },
+    "items": tool_call(weather_args(("city", "days"), required=("city",)), TOOL_NAMES),
 }
 
 

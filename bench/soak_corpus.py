@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..lang import assistant, function, gen, select, system, user
+from .tool_schemas import weather_args, weather_tool
 
 WORDS = "tide lamp gull rope fog keel mast chart reef buoy storm harbor lantern oar".split()
 
@@ -17,15 +18,7 @@ REGEXES = [
     r"#[0-9a-f]{6}",
 ]
 SCHEMAS = [
-    {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 12},
-            "days": {"enum": [1, 2, 3, 5, 7]},
-        },
-        "required": ["city", "days"],
-        "additionalProperties": False,
-    },
+    weather_args(("city", "days"), max_city_len=12, closed=True, days={"enum": [1, 2, 3, 5, 7]}),
     {
         "type": "object",
         "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["red", "green", "blue"]}},
@@ -33,24 +26,7 @@ SCHEMAS = [
         "additionalProperties": False,
     },
 ]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 12},
-                    "unit": {"enum": ["celsius", "fahrenheit"]},
-                },
-                "required": ["city", "unit"],
-                "additionalProperties": False,
-            },
-        },
-    }
-]
+TOOLS = [weather_tool(weather_args(("city", "unit"), max_city_len=12, closed=True))]
 # Patterns that blow up or run out a compile: each ends valid or as a 400 naming the limit.
 PATHOLOGICAL = [
     {"regex": "(a|aa)*" + "b{1,400}" * 6},

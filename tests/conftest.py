@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random-init Llama-family checkpoints built offline in a temp dir."""
+"""Shared fixtures: tiny random-init checkpoints built offline in a temp dir (tests/fixtures.py
+builds them), the HF reference, prompts, the scheduler harness and the step gate."""
 
 from __future__ import annotations
 
@@ -9,104 +10,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from .fixtures import HFReference, build_tiny_checkpoint
+
 # Hypothesis by default fails an example that runs past 200 ms and a test whose data takes
 # "too long" to generate: wall-clock checks that a slow or busy machine can trip with correct
 # code. Both are off; a hang is still bounded by the run's own limits.
 settings.register_profile("stemma", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("stemma")
-
-TINY_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "What is the capital of France? Paris is the capital of France.",
-    "def add(a, b):\n    return a + b\n",
-    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
-    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 3.14 -7",
-    "Unicode: café, naïve, 日本語, emoji 🙂.",
-]
-
-
-def write_tiny_tokenizer(
-    out: Path, vocab_size: int = 384, extra_specials: tuple[str, ...] = ()
-) -> int:
-    """A byte-level BPE tokenizer trained on TINY_CORPUS, with a ChatML template; returns
-    its vocabulary size."""
-    import json
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *extra_specials]
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(TINY_CORPUS * 4, trainer)
-    tok.save(str(out / "tokenizer.json"))
-    template = (
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-    )
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": template}
-        )
-    )
-    return tok.get_vocab_size()
-
-
-def save_random_model(model, out: Path) -> Path:
-    """Re-initialize `model` (a HF model, built just after torch.manual_seed) larger than its
-    default, so random logits are well separated (no near-ties), and save it into out."""
-    import torch
-
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-            else:  # norm weights and biases
-                p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(out)
-    return out
-
-
-def build_tiny_checkpoint(
-    out: Path,
-    arch: str = "llama",
-    vocab_size: int = 384,
-    tie: bool = False,
-    seed: int = 0,
-    num_kv_heads: int = 2,
-) -> Path:
-    """A tiny random model plus a byte-level BPE tokenizer trained on TINY_CORPUS."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    common = dict(
-        vocab_size=write_tiny_tokenizer(out, vocab_size),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tie,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(seed)
-    if arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    return save_random_model(model, out)
-
 
 # The two speed measurements behind dtype "auto"'s weight plan on CPUs without native bfloat16
 # (dtype_policy.plan_small_steps). Measured for real, their verdict would depend on how fast
@@ -147,7 +57,8 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2", tie=True)
+    out = tmp_path_factory.mktemp("tiny-qwen2")
+    return build_tiny_checkpoint(out, "Qwen2Config", tie_word_embeddings=True)
 
 
 class FakeRunner:
@@ -245,45 +156,6 @@ class SchedulerHarness:
 @pytest.fixture(scope="session")
 def harness_factory():
     return SchedulerHarness
-
-
-class HFReference:
-    """HF transformers in float64 on the same checkpoint: greedy ids and prompt logprobs."""
-
-    def __init__(self):
-        self.models: dict[str, object] = {}
-
-    def model(self, ckpt):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        key = str(ckpt)
-        if key not in self.models:
-            self.models[key] = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float64).eval()
-        return self.models[key]
-
-    def greedy(self, ckpt, prompt: list[int], n: int) -> list[int]:
-        import torch
-
-        out = self.model(ckpt).generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        return out[0, len(prompt) :].tolist()
-
-    def prompt_logprobs(self, ckpt, prompt: list[int]) -> list[float]:
-        """log p(prompt[i] | prompt[:i]) for i >= 1."""
-        import torch
-
-        with torch.no_grad():
-            logits = self.model(ckpt)(torch.tensor([prompt])).logits[0]
-        lp = torch.log_softmax(logits, dim=-1)
-        return [lp[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from stemma.bench.grammar_bench import byte_distances
+from stemma.bench.tool_schemas import tool_call, weather_args
 
 # Every pattern is in the dialect Python `re` and Rust `regex` (outlines-core) agree on.
 REGEX_CORPUS: list[str] = [
@@ -39,22 +41,7 @@ REGEX_CORPUS: list[str] = [
     r"[ぁ-ん]{2,6}",
 ]
 
-_TOOL_CALL = {
-    "type": "object",
-    "properties": {
-        "name": {"const": "get_weather"},
-        "arguments": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer"},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
+_TOOL_CALL = tool_call(weather_args(required=("city", "unit"), max_city_len=20))
 
 SCHEMA_CORPUS: list[dict[str, Any]] = [
     _TOOL_CALL,
@@ -183,34 +170,6 @@ def grammar_service(smollm_vocab: Any, tmp_path_factory: pytest.TempPathFactory)
         yield svc
 
 
-def byte_distances(grammar: Any) -> dict[int, int]:
-    """Fewest bytes from each reachable state to a final one (walking single-byte tokens)."""
-    single = grammar.vocab.single_byte_ids()
-    start = grammar.index.get_initial_state()
-    reverse: dict[int, set[int]] = {}
-    seen, stack = {start}, [start]
-    while stack:
-        state = stack.pop()
-        for token_id in single.values():
-            nxt = grammar.index.get_next_state(state, token_id)
-            if nxt is not None:
-                reverse.setdefault(nxt, set()).add(state)
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-    dist = {s: 0 for s in seen if grammar.is_final(s)}
-    frontier = list(dist)
-    while frontier:
-        nxt_frontier = []
-        for state in frontier:
-            for prev in reverse.get(state, ()):
-                if prev not in dist:
-                    dist[prev] = dist[state] + 1
-                    nxt_frontier.append(prev)
-        frontier = nxt_frontier
-    return dist
-
-
 @dataclass
 class FakeLM:
     """A stand-in model over the real vocabulary: a fixed random score per token id.
@@ -264,7 +223,10 @@ class FakeLM:
 
     def _toward_final(self, matcher: Any) -> int:
         grammar = matcher.grammar
-        dist = self._distances.setdefault(id(grammar), byte_distances(grammar))
+        if id(grammar) not in self._distances:
+            start = grammar.index.get_initial_state()
+            self._distances[id(grammar)] = byte_distances(grammar, start)
+        dist = self._distances[id(grammar)]
         best = min(
             (dist.get(nxt, 1 << 30), token_id)
             for token_id in grammar.vocab.single_byte_ids().values()

@@ -8,19 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..conftest import save_random_model, write_tiny_tokenizer
-
-COMMON: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+from ..fixtures import build_tiny_checkpoint
 
 GEMMA: dict[str, Any] = dict(
     head_dim=16,
@@ -30,7 +18,7 @@ GEMMA: dict[str, Any] = dict(
     pad_token_id=0,
 )
 
-# family -> (transformers config class name, its arguments beyond COMMON)
+# family -> (transformers config class name, its arguments beyond TINY_CONFIG)
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3": (
         "LlamaConfig",
@@ -106,25 +94,14 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
-MODEL_CLASSES = {
-    "LlamaConfig": "LlamaForCausalLM",
-    "Qwen2Config": "Qwen2ForCausalLM",
-    "Qwen3Config": "Qwen3ForCausalLM",
-    "MistralConfig": "MistralForCausalLM",
-    "Gemma2Config": "Gemma2ForCausalLM",
-    "Gemma3TextConfig": "Gemma3ForCausalLM",
-    "Phi3Config": "Phi3ForCausalLM",
-}
-
 
 def build_family(out: Path, family: str, seed: int = 0) -> Path:
     """A tiny random `family` checkpoint with the tiny BPE tokenizer, saved into out."""
-    import torch
-    import transformers
-
     config_name, extra = FAMILIES[family]
-    config_cls = getattr(transformers, config_name)
-    args = {**COMMON, "vocab_size": write_tiny_tokenizer(out), **extra}
-    torch.manual_seed(seed)
-    model = getattr(transformers, MODEL_CLASSES[config_name])(config_cls(**args))
-    return save_random_model(model, out)
+    return build_tiny_checkpoint(out, config_name, seed, **extra)
+
+
+def hf_attention(config: dict[str, Any]) -> str:
+    """The attention HF runs a family's reference on: its default (SDPA), or eager where
+    soft-capping needs it."""
+    return "eager" if "attn_logit_softcapping" in config else "sdpa"

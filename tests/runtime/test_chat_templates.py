@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from stemma.bench.tool_schemas import weather_tool
 from stemma.runtime.engine import Engine
 from stemma.runtime.tokenizer import Tokenizer
 
-from ..conftest import write_tiny_tokenizer
+from ..fixtures import write_tiny_tokenizer
 
 # The constructs of Llama 3.x templates that a plain Jinja environment rejects.
 LLAMA3_STYLE = (
@@ -28,16 +29,7 @@ LLAMA3_STYLE = (
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{%- endif %}"
 )
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
+TOOLS = [weather_tool()]
 MESSAGES = [
     {"role": "system", "content": "Be brief. "},
     {"role": "user", "content": "Hi"},

@@ -8,15 +8,11 @@ import json
 
 import jsonschema
 import pytest
+from stemma.bench.tool_schemas import weather_args
 from stemma.runtime.engine import Engine
 
 SCHEMAS = [
-    {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"enum": [1, 2, 3]}},
-        "required": ["city", "days"],
-        "additionalProperties": False,
-    },
+    weather_args(("city", "days"), max_city_len=12, closed=True, days={"enum": [1, 2, 3]}),
     {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
     {
         "$defs": {"unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -13,49 +13,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .families import FAMILIES, build_family
+from .families import FAMILIES, build_family, hf_attention
 from .test_model_vs_hf import GreedyDriver
 
 N = 8
 LENGTHS = [27, 5, 20, 13]  # every prompt fits in the scalings' original 32 positions
 
 
-class HFGreedy:
-    """HF in float64 with its default attention (SDPA), or eager where soft-capping needs it."""
-
-    def __init__(self, ckpt, family: str):
-        from transformers import AutoModelForCausalLM
-
-        attn = "eager" if "attn_logit_softcapping" in FAMILIES[family][1] else "sdpa"
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(ckpt), dtype=torch.float64, attn_implementation=attn
-        ).eval()
-        self.cache: dict[tuple[int, ...], tuple[list[int], torch.Tensor]] = {}
-
-    def greedy(self, prompt: list[int], n: int = N) -> tuple[list[int], torch.Tensor]:
-        """ids and logits [n, vocab] of greedy decoding, one sequence (HF's generate)."""
-        key = (*prompt, n)
-        if key not in self.cache:
-            out = self.model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-            ids = out.sequences[0, len(prompt) :].tolist()
-            self.cache[key] = ids, torch.cat(out.logits).to(torch.float64)
-        return self.cache[key]
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request, tmp_path_factory):
+def family(request, tmp_path_factory, hf_ref):
+    """(checkpoint, hf): hf(prompt) is HF's greedy (ids, logits [N, vocab]) in float64."""
     ckpt = build_family(tmp_path_factory.mktemp(request.param), request.param)
-    return ckpt, HFGreedy(ckpt, request.param)
+    attn = hf_attention(FAMILIES[request.param][1])
+    return ckpt, lambda prompt: hf_ref.greedy_logits(ckpt, prompt, N, attn_implementation=attn)
 
 
 def test_single_request_ids_and_logits(family, make_prompts):
@@ -73,7 +43,7 @@ def test_single_request_ids_and_logits(family, make_prompts):
         logits.append(step)
         ids.append(int(step.argmax()))
         chunk = [ids[-1]]
-    want_ids, want_logits = hf.greedy(prompt)
+    want_ids, want_logits = hf(prompt)
     assert ids == want_ids
     assert (torch.stack(logits) - want_logits).abs().max().item() < 1e-6
 
@@ -82,14 +52,14 @@ def test_batch_matches_hf(family, make_prompts):
     ckpt, hf = family
     prompts = make_prompts(LENGTHS, 384, seed=22)
     outs, _ = GreedyDriver(ckpt).generate(prompts, n=N)
-    assert outs == [hf.greedy(p)[0] for p in prompts]
+    assert outs == [hf(p)[0] for p in prompts]
 
 
 def test_chunked_prefill_matches_hf(family, make_prompts):
     ckpt, hf = family
     prompts = make_prompts(LENGTHS[:2], 384, seed=23)
     outs, _ = GreedyDriver(ckpt).generate(prompts, n=N, chunk=5)
-    assert outs == [hf.greedy(p)[0] for p in prompts]
+    assert outs == [hf(p)[0] for p in prompts]
 
 
 def test_prefix_hit_longer_than_the_window(family, harness_factory, make_prompts):
@@ -104,4 +74,4 @@ def test_prefix_hit_longer_than_the_window(family, harness_factory, make_prompts
     h.run()
     assert b.cached_tokens == 24
     assert h.steps[-N] == {"b": 5}
-    assert b.output_ids == hf.greedy(shared + tail)[0]
+    assert b.output_ids == hf(shared + tail)[0]

@@ -7,22 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from stemma.bench.tool_schemas import tool_call, weather_args
 from stemma.runtime.constrained.jump_forward import forced_path, utf8_prefix
 from stemma.runtime.constrained.matcher import Matcher
 from stemma.runtime.constrained.spec import ConstraintSpec
 
-TOOL_CALL = {
-    "type": "object",
-    "properties": {
-        "name": {"const": "get_weather"},
-        "arguments": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-        },
-    },
-    "required": ["name", "arguments"],
-}
+TOOL_CALL = tool_call(weather_args(("city", "unit")))
 
 
 def _matcher(service: Any, spec: Any) -> Matcher:

@@ -8,14 +8,15 @@ from stemma.runtime.executor.model_runner import ModelRunner
 from stemma.runtime.models.config import ARCHITECTURES, ModelConfig
 from stemma.runtime.models.loader import load_model
 
-from .families import COMMON, FAMILIES, MODEL_CLASSES, build_family
+from ..fixtures import MODEL_CLASSES, TINY_CONFIG
+from .families import FAMILIES, build_family
 
 
 def hf_dict(family: str) -> dict:
     import transformers
 
     config_name, extra = FAMILIES[family]
-    cfg = getattr(transformers, config_name)(**{**COMMON, "vocab_size": 384, **extra})
+    cfg = getattr(transformers, config_name)(**{**TINY_CONFIG, "vocab_size": 384, **extra})
     return {**cfg.to_dict(), "architectures": [MODEL_CLASSES[config_name]]}
 
 

@@ -8,6 +8,8 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.executor.model_runner import ModelRunner
 from stemma.runtime.models.loader import load_model
 
+from ..fixtures import hf_greedy
+
 NEW_TOKENS = 12
 
 
@@ -160,21 +162,10 @@ def test_smollm2_fp32_matches_hf_greedy(smollm2_fp32):
     ]
     ours, _ = drv.generate(prompts, n=NEW_CHAT_TOKENS)
     for prompt, mine in zip(prompts, ours):
-        out = hf.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=NEW_CHAT_TOKENS,
-            min_new_tokens=NEW_CHAT_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        theirs = out.sequences[0, len(prompt) :].tolist()
+        theirs, logits = hf_greedy(hf, prompt, NEW_CHAT_TOKENS)
         agree = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), len(theirs))
         if agree < len(theirs):  # a divergence is allowed only at a near-tie of HF's top two
-            top2 = out.logits[agree][0].topk(2).values
+            top2 = logits[agree].topk(2).values
             assert float(top2[0] - top2[1]) < 1e-4, (tok.decode(mine), tok.decode(theirs))
         assert agree >= 1
     assert "Paris" in tok.decode(ours[0])

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from stemma.runtime.engine import Engine, EngineUnavailable
 from stemma.runtime.server.app import create_app
 
-from ..conftest import build_tiny_checkpoint
+from ..fixtures import build_tiny_checkpoint
 
 N = 6
 GREEDY = {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}
@@ -30,7 +30,11 @@ OPTS = dict(dtype="float64", max_total_tokens=1024, chunked_prefill_size=16)
 def model_dir(request, tmp_path_factory) -> Path:
     arch, kv = request.param.split("-kv")
     out = tmp_path_factory.mktemp(request.param)
-    return build_tiny_checkpoint(out, arch=arch, tie=arch == "qwen2", num_kv_heads=int(kv))
+    config_name = {"llama": "LlamaConfig", "qwen2": "Qwen2Config"}[arch]
+    tie = arch == "qwen2"
+    return build_tiny_checkpoint(
+        out, config_name, tie_word_embeddings=tie, num_key_value_heads=int(kv)
+    )
 
 
 @pytest.fixture(scope="module")

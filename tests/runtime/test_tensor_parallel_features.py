@@ -15,24 +15,17 @@ from datetime import timedelta
 import jsonschema
 import pytest
 import torch.distributed as dist
+from stemma.bench.tool_schemas import weather_args
 from stemma.runtime.engine import Engine
 from stemma.runtime.executor.step_message import pack_stop
 from stemma.runtime.executor.tp_auth import seal
 
-from ..conftest import build_tiny_checkpoint
+from ..fixtures import build_tiny_checkpoint
 
 # 160 slots: four 30-token prompts growing by 25 tokens each do not fit at once.
 OPTS = dict(dtype="float64", max_total_tokens=160, chunked_prefill_size=64)
 GREEDY = {"temperature": 0, "ignore_eos": True}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 8},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
+SCHEMA = weather_args(("city", "unit"), max_city_len=8, closed=True)
 REGEX = r'\{"name": "get_weather", "arguments": \{"city": "[a-z]{1,6}"\}\}'
 
 

@@ -10,6 +10,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from stemma.bench.tool_schemas import weather_args, weather_tool
 
 CITY = {
     "type": "object",
@@ -17,22 +18,7 @@ CITY = {
     "required": ["city", "country"],
     "additionalProperties": False,
 }
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 30},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER_TOOL = weather_tool(weather_args(("city", "unit"), max_city_len=30, closed=True))
 TIME_TOOL = {
     "type": "function",
     "function": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from stemma.bench.tool_schemas import weather_tool
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -125,19 +126,10 @@ def test_unknown_model_and_bad_fields_raise_client_errors(client):
 
 
 def test_tool_choice_auto_without_a_call_is_content(client):
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-            },
-        }
-    ]
     r = client.chat.completions.create(
         model="tiny",
         messages=USER,
-        tools=tools,
+        tools=[weather_tool()],
         max_tokens=5,
         temperature=0,
         extra_body={"ignore_eos": True},

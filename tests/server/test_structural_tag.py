@@ -10,14 +10,10 @@ import json
 import httpx
 import pytest
 import stemma
+from stemma.bench.tool_schemas import weather_args
 from stemma.runtime.constrained.structural_tag import structural_tag_grammar
 
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}},
-    "required": ["city"],
-    "additionalProperties": False,
-}
+WEATHER = weather_args(("city",), max_city_len=12, closed=True)
 TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
 TAG = {
     "structures": [

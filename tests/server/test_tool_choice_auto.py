@@ -16,19 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import openai
 import pytest
+from stemma.bench.tool_schemas import weather_args, weather_tool
 
-CITY = {"type": "string", "maxLength": 24}
+WEATHER = weather_args(("city", "unit"), required=("city",), max_city_len=24, closed=True)
 TOOLS = [
-    {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": CITY, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
+    weather_tool(WEATHER)["function"],
     {
         "name": "add",
         "description": "Add two integers",

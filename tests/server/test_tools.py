@@ -8,6 +8,7 @@ import json
 
 import jsonschema
 import pytest
+from stemma.bench.tool_schemas import weather_args, weather_tool
 from stemma.runtime.server.openai.protocol import ChatCompletionRequest
 from stemma.runtime.server.openai.stream import ChatChoiceStream
 from stemma.runtime.server.openai.tools import (
@@ -18,13 +19,9 @@ from stemma.runtime.server.openai.tools import (
     tool_call_schema,
 )
 
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city"],
-}
+WEATHER = weather_args(("city", "days"), required=("city",))
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    weather_tool(WEATHER),
     {"type": "function", "function": {"name": "get_time"}},
 ]
 NAMES = {"get_weather", "get_time"}
