@@ -6,10 +6,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..lang.sampling_table import GRAMMAR_BACKENDS  # one table of grammar backends
+from .weight_plan import QUANTIZATION_METHODS  # the weight forms' names live with the plan
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
-# int8 / int4 weight-only and w8a8_int8 (int8 weights and activations): torch's CPU kernels
-QUANTIZATION_METHODS = ("int8", "int4", "w8a8_int8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +16,7 @@ class EngineConfig:
     model: str = "smollm2-135m"
     dtype: str = "auto"  # see runtime/dtype_policy.py: bfloat16 only where it is native
     device: str = "cpu"
-    quantization: str | None = None  # "int8" | "int4" | "w8a8_int8" (CPU); models/quant.py
+    quantization: str | None = None  # QUANTIZATION_METHODS (CPU); runtime/weight_plan.py
     attention_backend: str = "auto"  # torch on CPU, triton on CUDA
     kv_cache_mb: int = 512  # memory budget for the KV pool
     max_total_tokens: int | None = None  # KV slots; overrides kv_cache_mb when set

@@ -1,5 +1,6 @@
 """dtype "auto": the fastest exact-enough compute dtype the device runs natively, and a warning
-with a measured slowdown when an explicit dtype falls to the hardware's slow path.
+with a measured slowdown when an explicit dtype falls to the hardware's slow path; and the
+measurements of this machine that the weight plan decides from (MachineMeasurements).
 
 On CPUs without native bfloat16 (AVX2-only x86, e.g. AMD EPYC before Zen 4) torch's bfloat16
 and float16 matmuls run a reference loop: on a 2-core AVX2 EPYC an 8-request decode of
@@ -34,20 +35,31 @@ DTYPES = {
 class DtypeChoice:
     name: str  # a key of DTYPES
     reason: str  # one line: why this dtype, for the start-up log and /get_server_info
-    # float32 models on CPUs without native bfloat16: steps of at most this many rows run
-    # their linears through a bfloat16 weight copy (plan_small_steps); 0 = none.
-    small_step_rows: int = 0
-    # ... or every step runs them on float16 weights widened inside fbgemm's float32 matmul
-    fp16_weights: bool = False
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.name]
 
+    def noting(self, note: str) -> DtypeChoice:
+        """This choice with `note` (the weight plan's reason, if any) after its reason."""
+        return dataclasses.replace(self, reason=f"{self.reason}; {note}") if note else self
+
 
 def cpu_has_native_bf16() -> bool:
     """Whether oneDNN runs bfloat16 matmuls natively on this CPU (AVX512-BF16 / AMX)."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def can_pack_bf16_weights() -> bool:
+    """Whether oneDNN has the bfloat16 kernels that multiply packed weights. The same probe
+    as cpu_has_native_bf16, kept apart: tests fake that one to take the other dtype branch,
+    while packing needs the kernels themselves."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def fp16_weights_available() -> bool:
+    """Whether torch has fbgemm's float16-weight matmul here (x86 builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
 
 
 def cpu_isa() -> str:
@@ -109,28 +121,33 @@ def measured_slowdown(
     return linear_time(slow) / linear_time(fast)
 
 
-def plan_small_steps(
-    choice: DtypeChoice, requested: str, hidden: int, inter: int, weight_bytes: int
-) -> DtypeChoice:
-    """For dtype "auto" resolved to float32 on a CPU without native bfloat16: measure up to
-    how many rows a bfloat16 copy of the weights beats float32 (decode of one or a few
-    requests streams every weight per step, and torch's bfloat16 matrix-vector kernel reads
-    half the bytes), and plan the copy if it costs at most a quarter of available memory."""
-    if requested != "auto" or choice.name != "float32" or cpu_has_native_bf16():
-        return choice
-    if fp16_weights_win(hidden, inter):
-        reason = f"{choice.reason}; linears on float16 weights in fbgemm's matmul (measured)"
-        log.info("dtype float32; linears on float16 weights in fbgemm's matmul (measured faster)")
-        return dataclasses.replace(choice, reason=reason, fp16_weights=True)
-    available = available_memory_bytes()
-    if available is None or weight_bytes // 2 > available // 4:
-        return choice
-    rows = bfloat16_small_step_rows(hidden, inter)
-    if not rows:
-        return choice
-    reason = f"{choice.reason}; steps of <= {rows} rows use a bfloat16 weight copy (measured)"
-    log.info("dtype float32; steps of <= %d rows use a bfloat16 weight copy (measured)", rows)
-    return dataclasses.replace(choice, reason=reason, small_step_rows=rows)
+class MachineMeasurements:
+    """weight_plan.Measurements of this machine for a model's MLP shape, each taken when the
+    plan first asks for it: the speed verdicts are asked only for dtype "auto" resolved to
+    float32 (they cost about a second, once per process and shape)."""
+
+    def __init__(self, hidden: int, inter: int):
+        self.hidden, self.inter = hidden, inter
+
+    @property
+    def can_pack(self) -> bool:
+        return can_pack_bf16_weights()
+
+    @property
+    def fp16_kernel(self) -> bool:
+        return fp16_weights_available()
+
+    @property
+    def fp16_weights_win(self) -> bool:
+        return fp16_weights_win(self.hidden, self.inter)
+
+    @property
+    def small_step_rows(self) -> int:
+        return bfloat16_small_step_rows(self.hidden, self.inter)
+
+    @property
+    def available_bytes(self) -> int | None:
+        return available_memory_bytes()
 
 
 @functools.cache  # a property of this machine and shape: measured once per process
@@ -140,7 +157,7 @@ def fp16_weights_win(hidden: int, inter: int, weight_bytes: int = 64 << 20) -> b
     stream from memory as a model's do. On a 2-core AVX2 EPYC, over SmolLM2-135M's 120
     linears: 2.7x float32 at 1 row, 2.6x at 8, 1.5x at 64, 1.2x at 256; it also beats the
     bfloat16 copy at every row count (1.2x at 1 row, 4.5x at 8)."""
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
+    if not fp16_weights_available():
         return False
     torch.backends.quantized.engine = "fbgemm"
     count = max(1, weight_bytes // (4 * hidden * inter))

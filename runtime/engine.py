@@ -20,7 +20,7 @@ from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .cpu_caches import HeapTrimmer, bound_onednn_caches
-from .dtype_policy import plan_small_steps, resolve_dtype
+from .dtype_policy import MachineMeasurements, resolve_dtype
 from .engine_core import build_core
 from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueGate
 from .executor.model_runner import ModelRunner
@@ -34,6 +34,7 @@ from .sampling.sampler import SamplingState
 from .scheduler.req import FinishReason, Req
 from .scheduler.stop import StopSpec, compile_stops
 from .tokenizer import IncrementalDetokenizer
+from .weight_plan import plan_weights
 
 log = logging.getLogger("stemma.engine")
 
@@ -70,21 +71,26 @@ class Engine:
         """Load rank 0's model (TP workers load theirs meanwhile), then start the loop."""
         tp_group = self.tp.group if self.tp is not None else None
         loaded = load_model(ckpt, self.dtype.torch_dtype, cfg.device, tp=tp_group)
-        if cfg.quantization is None:
-            mc, params = loaded.config, loaded.model.parameters()
-            weight_bytes = sum(p.numel() * p.element_size() for p in params)
-            self.dtype = plan_small_steps(
-                self.dtype, cfg.dtype, mc.hidden_size, mc.intermediate_size, weight_bytes
-            )
+        mc, params = loaded.config, loaded.model.parameters()
+        weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        machine = MachineMeasurements(mc.hidden_size, mc.intermediate_size)
+        plan = plan_weights(
+            cfg.quantization,
+            self.dtype.name,
+            cfg.device,
+            machine,
+            cfg.dtype == "auto",
+            weight_bytes,
+        )
+        self.dtype = self.dtype.noting(plan.reason)
         self.tokenizer = loaded.tokenizer
         if cfg.chat_template is not None:
             self.tokenizer.set_chat_template(cfg.chat_template)
         self.model_config = loaded.config
         self.faults = Faults(cfg.enable_fault_injection)
-        rows, fp16 = self.dtype.small_step_rows, self.dtype.fp16_weights
-        self.runner = ModelRunner(cfg, loaded, rows, self.faults, self.tp, fp16)
+        self.runner = ModelRunner(cfg, loaded, plan, self.faults, self.tp)
         if self.tp is not None:
-            self.tp.wait_ready(rows, fp16)
+            self.tp.wait_ready(plan)
             self.tp.on_lost = self._on_rank_lost
         self.vocab_size = loaded.config.vocab_size
         self.core = build_core(cfg, self.runner, self.tokenizer, self.vocab_size)

@@ -1,9 +1,9 @@
 """Who may import whom (docs/ARCHITECTURE.md, "Layers"), checked by walking every module's
 imports with ast. One table covers the top-level packages and runtime's layers:
 server -> engine -> scheduler -> executor -> models, with sampling, constrained and the shared
-leaves (config, dtype_policy, tokenizer) beside them. Imports under `if TYPE_CHECKING:` never
-run, so the layer table ignores them (a model may name the executor's ForwardBatch as a type);
-the cycle check counts them too.
+leaves (config, dtype_policy, tokenizer, weight_plan) beside them. Imports under
+`if TYPE_CHECKING:` never run, so the layer table ignores them (a model may name the
+executor's ForwardBatch as a type); the cycle check counts them too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ SIDE = {"sampling": {"shared"}, "constrained": {"sampling", "shared"}, "shared":
 ENGINE_MODULES = {"engine", "engine_core", "engine_state", "inbox", "inprocess", "io_struct", "limits"}
 # constraint: the public stemma.Constraint
 ENGINE_MODULES |= {"response", "constraint", "cpu_caches"}
-SHARED_MODULES = {"config", "dtype_policy", "faults", "tokenizer"}
+SHARED_MODULES = {"config", "dtype_policy", "faults", "tokenizer", "weight_plan"}
 RUNTIME_MAY_IMPORT = ("stemma.radix", "stemma.kernels", "stemma.lang.backend")
 RUNTIME_MAY_IMPORT += ("stemma.lang.constraints",)  # the one source of constraint constants
 RUNTIME_MAY_IMPORT += ("stemma.lang.sampling_table",)  # the one table of sampling parameters

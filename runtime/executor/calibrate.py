@@ -1,7 +1,8 @@
-"""Calibration for w8a8_int8 (models/quant.py): each linear's largest input magnitude per input
-channel over one float forward of a fixed text, as SmoothQuant calibrates. Channels that carry
-outliers are then scaled down in the activations and up in the weights before both round to
-int8, so 7-bit activation steps are not set by a few large channels."""
+"""Calibration for weight forms that round activations too (models/weights/quantized.py): each
+linear's largest input magnitude per input channel over one float forward of a fixed text, as
+SmoothQuant calibrates. Channels that carry outliers are then scaled down in the activations
+and up in the weights before both round to 8 bits, so 7-bit activation steps are not set by a
+few large channels. The vocabulary projection stays weight-only and is not calibrated."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def calibration_ids(tokenizer, vocab_size: int) -> list[int]:
 
 @torch.inference_mode()
 def input_maxima(model: DecoderForCausalLM, ids: list[int]) -> dict[Linear, torch.Tensor]:
-    """Linear -> [in_features] float32: max |input| per channel over one prefill of `ids`."""
+    """Linear -> [in_features] float32: max |input| per channel over one prefill of `ids`
+    (every linear but the vocabulary projection)."""
     cfg, device = model.cfg, model.embed_tokens.weight.device
     n = len(ids)
     num_kv_heads = model.layout.num_kv_heads
@@ -51,7 +53,8 @@ def input_maxima(model: DecoderForCausalLM, ids: list[int]) -> dict[Linear, torc
         seen = inputs[0].detach().abs().amax(dim=0).float()
         maxima[module] = torch.maximum(maxima[module], seen) if module in maxima else seen
 
-    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, Linear)]
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m is not model.lm_head]
+    hooks = [m.register_forward_hook(record) for m in linears]
     try:
         model(fb, pool, TorchAttnBackend())
     finally:

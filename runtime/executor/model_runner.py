@@ -12,11 +12,13 @@ from typing import Protocol
 import torch
 
 from ..config import EngineConfig
+from ..dtype_policy import MachineMeasurements
 from ..faults import Faults, InjectedFault
 from ..models.decoder import DecoderForCausalLM
 from ..models.gguf_int4 import gguf_int4_blocks, int4_from_gguf_blocks
-from ..models.layers import can_pack_weights
 from ..models.loader import LoadedModel
+from ..models.weights import FORMS, Int4Weight
+from ..weight_plan import WeightPlan, plan_weights
 from .attention import make_attention_backend
 from .calibrate import calibration_ids, input_maxima
 from .forward_batch import ForwardBatch
@@ -35,46 +37,24 @@ class ModelRunner:
     def __init__(
         self,
         cfg: EngineConfig,
-        loaded: LoadedModel | DecoderForCausalLM,
-        small_step_rows: int = 0,
+        loaded: LoadedModel,
+        plan: WeightPlan | None = None,
         faults: Faults | None = None,
         tp: StepRelay | None = None,
-        fp16_weights: bool = False,
     ):
-        """small_step_rows: give the model bfloat16 weight copies for steps of at most this
-        many rows (dtype_policy.plan_small_steps); 0 = none. fp16_weights: hold the linears
-        as float16 weights for fbgemm's float32 matmul instead (the same plan). tp: rank 0's
-        handle on the other ranks, None on them and without tensor parallelism."""
+        """plan: how the weights are held (runtime/weight_plan.py), rank 0's on every rank;
+        None: default_plan's. tp: rank 0's handle on the other ranks, None on them and
+        without tensor parallelism."""
         self.cfg = cfg
         self.faults = faults or Faults()
         self.tp = tp
-        self.model = loaded if isinstance(loaded, DecoderForCausalLM) else loaded.model
-        self.weights_note: str | None = None  # how the weights were prepared, when notable
+        self.model = loaded.model
+        self.plan = plan or default_plan(cfg, self.model)
+        self.weights_note = hold_weights(loaded, self.plan)  # when notable, for model info
         mc = self.model.cfg
         num_kv_heads = self.model.layout.num_kv_heads  # this rank's
         self.dtype = self.model.dtype
         self.device = torch.device(cfg.device)
-        if cfg.quantization == "w8a8_int8":
-            tokenizer = None if isinstance(loaded, DecoderForCausalLM) else loaded.tokenizer
-            ids = calibration_ids(tokenizer, mc.vocab_size)
-            self.model.quantize_weights(cfg.quantization, input_maxima(self.model, ids))
-        elif cfg.quantization == "int4" and isinstance(loaded, LoadedModel):
-            given = int4_from_gguf_blocks(self.model, gguf_int4_blocks(loaded.ckpt_dir))
-            self.model.quantize_weights("int4", prequantized=given)
-            if given:
-                self.weights_note = (
-                    f"{len(given)} of {self.model.num_linears} linears packed from the "
-                    "GGUF's own 4-bit blocks"
-                )
-                log.info("int4: %s", self.weights_note)
-        elif cfg.quantization:
-            self.model.quantize_weights(cfg.quantization)
-        elif can_pack_weights(self.device, self.dtype):
-            self.model.pack_weights()
-        elif fp16_weights:
-            self.model.quantize_weights("fp16")
-        elif small_step_rows:
-            self.model.add_small_step_copies(small_step_rows)
         self.context_len = min(cfg.context_length or mc.max_position, mc.max_position)
         per_slot = KVPool.bytes_per_slot(mc.num_layers, num_kv_heads, mc.head_dim, self.dtype)
         num_slots = cfg.max_total_tokens or (cfg.kv_cache_mb << 20) // per_slot
@@ -131,3 +111,30 @@ class ModelRunner:
         if self.tp is None:
             return self.model(fb, self.kv_pool, self.attn)
         return self.tp.forward(fb, lambda: self.model(fb, self.kv_pool, self.attn))
+
+
+def default_plan(cfg: EngineConfig, model: DecoderForCausalLM) -> WeightPlan:
+    """The plan without measuring speeds: the quantization asked for, packed weights where
+    oneDNN runs bfloat16, else plain (the engine passes its measured plan instead)."""
+    machine = MachineMeasurements(model.cfg.hidden_size, model.cfg.intermediate_size)
+    dtype = str(model.dtype).removeprefix("torch.")
+    return plan_weights(cfg.quantization, dtype, cfg.device, machine)
+
+
+def hold_weights(loaded: LoadedModel, plan: WeightPlan) -> str | None:
+    """Apply the plan, with what its linear form takes beside the float weights: a GGUF's own
+    4-bit blocks, and each linear's calibrated input range. Returns a note on the weights for
+    /get_model_info, None when there is nothing to note."""
+    model, form = loaded.model, FORMS[plan.linear_form]
+    given = {}
+    if form is Int4Weight:
+        given = int4_from_gguf_blocks(model, gguf_int4_blocks(loaded.ckpt_dir))
+    maxima = None
+    if form.calibrated:
+        maxima = input_maxima(model, calibration_ids(loaded.tokenizer, model.cfg.vocab_size))
+    model.apply_plan(plan, given, maxima)
+    if not given:
+        return None
+    note = f"{len(given)} of {model.num_linears} linears packed from the GGUF's own 4-bit blocks"
+    log.info("%s: %s", plan.linear_form, note)
+    return note

@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from ..config import EngineConfig
 from ..models.config import ModelConfig
 from ..models.parallel import TPGroup, check_divisible
+from ..weight_plan import WeightPlan
 from .forward_batch import ForwardBatch
 from .step_message import pack_step, pack_stop
 from .tp_auth import SealedStore, launch_secret
@@ -101,12 +102,10 @@ class TensorParallel:
     def pids(self) -> dict[int, int]:
         return {rank: p.pid for rank, p in self.procs.items()}
 
-    def wait_ready(self, small_step_rows: int, fp16_weights: bool = False) -> None:
-        """Tell the workers rank 0's weight plan (dtype_policy.plan_small_steps, measured
-        once, so every rank runs the same kernels), wait until every rank has built its
-        runner, and start the watchdog."""
-        self.sealed.set("small_step_rows", str(small_step_rows).encode())
-        self.sealed.set("fp16_weights", b"1" if fp16_weights else b"0")
+    def wait_ready(self, plan: WeightPlan) -> None:
+        """Tell the workers rank 0's weight plan (measured once, so every rank runs the same
+        kernels), wait until every rank has built its runner, and start the watchdog."""
+        self.sealed.set("weight_plan", plan.to_json())
         self._wait_keys("ready", "load its shard")
         threading.Thread(target=self._watch, name="stemma-tp-watchdog", daemon=True).start()
 

@@ -13,14 +13,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ..config import EngineConfig
-from ..models.loader import load_decoder
+from ..models.loader import load_model
 from ..models.parallel import TPGroup
+from ..weight_plan import WeightPlan
 from .model_runner import ModelRunner
 from .step_message import StepBounds, unpack_step
 from .tp_auth import ForgedMessage, SealedStore
@@ -64,10 +64,9 @@ def run_worker(rank: int, spec: WorkerSpec) -> None:
             raw, rank, cfg.tp_size, cfg.dist_timeout_s, address, cfg.dist_connect_timeout_s
         )
         dtype = getattr(torch, spec.dtype)
-        model, _ = load_decoder(Path(spec.ckpt_dir), dtype, spec.cfg.device, group)
-        small_step_rows = int(_authentic(store, rank, "small_step_rows"))  # rank 0's plan
-        fp16_weights = _authentic(store, rank, "fp16_weights") == b"1"
-        runner = ModelRunner(spec.cfg, model, small_step_rows, fp16_weights=fp16_weights)
+        loaded = load_model(spec.ckpt_dir, dtype, spec.cfg.device, tp=group)
+        plan = WeightPlan.from_json(_authentic(store, rank, "weight_plan"))  # rank 0's
+        runner = ModelRunner(spec.cfg, loaded, plan)
     except Exception as e:  # noqa: BLE001 - reported to rank 0, which fails the engine's start
         raw.set(f"error/{rank}", f"{type(e).__name__}: {e}".encode())
         raise

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..weight_plan import WeightPlan
 from .config import ModelConfig
 from .layers import (
     GateUpLinear,
@@ -27,15 +27,12 @@ from .layers import (
     RMSNorm,
     RowParallelLinear,
     VocabParallelEmbedding,
-    bfloat16_matmul,
-    pack_weight,
-    packed_linear,
     softcap,
 )
 from .parallel import TPGroup, TPLayout
-from .quant import QuantizedWeight, fits_fp16, quantize, vocab_quantization
 from .rope import RotaryEmbedding
 from .shard import Shard, add_linear, add_parts, shift
+from .weights import FORMS, LinearSpec, WeightForm, build_form
 
 if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
     from ..executor.attention import AttentionBackend
@@ -177,16 +174,10 @@ class DecoderForCausalLM(nn.Module):
             }
         )
         self.layer_rope = [cfg.layer_rope(i) for i in range(cfg.num_layers)]
-        self._vocab_t: torch.Tensor | None = None  # lm_head weight transposed, lazily
-        self._vocab_packed: torch.Tensor | None = None  # oneDNN-blocked copy (pack_weights)
-        self._vocab_quant: QuantizedWeight | None = None  # weight-only copy (quantize_weights)
-        self._vocab_small: torch.Tensor | None = None  # bf16 copy (add_small_step_copies)
-        self._small_rows = 0
-        self.lm_head = (
-            None
-            if cfg.tie_word_embeddings
-            else Linear(cfg.hidden_size, lay.vocab_shard, False, dtype)
-        )
+        # The vocabulary projection: [rows, hidden] -> [rows, vocab shard].
+        self.lm_head = Linear(cfg.hidden_size, lay.vocab_shard, False, dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = None  # the embedding table, once loaded (load_weights)
 
     def build_rope_tables(self) -> None:
         """Compute the RoPE tables (non-persistent buffers: computed, not loaded)."""
@@ -208,7 +199,7 @@ class DecoderForCausalLM(nn.Module):
         for layer, rope in zip(self.layers, self.layer_rope):
             x = layer(x, tables[rope], fb, pool, attn)
         x = self.norm(x[fb.logits_idx])
-        logits = self.tp.gather_last_dim(self.project_vocab(x))
+        logits = self.tp.gather_last_dim(self.lm_head(x))
         if logits is None:
             return None
         if logits.shape[-1] != self.cfg.vocab_size:  # the last shard's padding rows
@@ -217,86 +208,38 @@ class DecoderForCausalLM(nn.Module):
             logits = softcap(logits, self.cfg.final_softcap)
         return logits
 
-    def project_vocab(self, x: torch.Tensor) -> torch.Tensor:
-        """lm_head: [rows, hidden] -> [rows, vocab]. Packed weights (pack_weights) go
-        through oneDNN; otherwise, from 8 rows on, a pre-transposed copy of the weight
-        multiplies faster on CPU (the weight streams row-major)."""
-        if self._vocab_quant is not None:
-            return self._vocab_quant.matmul(x)
-        if self._vocab_small is not None and x.shape[0] <= self._small_rows:
-            return bfloat16_matmul(x, self._vocab_small)
-        if self._vocab_packed is not None:
-            return packed_linear(x, self._vocab_packed)
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if x.shape[0] < 8 or x.device.type != "cpu" or x.dtype == torch.float64:
-            return F.linear(x, w)
-        if self._vocab_t is None:
-            self._vocab_t = w.t().contiguous()  # [hidden, vocab]
-        return x @ self._vocab_t
-
-    def pack_weights(self) -> None:
-        """Hold every linear weight and the vocabulary projection in oneDNN's blocked layout
-        (CPU bfloat16, after load_weights; see layers.can_pack_weights). Each layer's norms
-        hand their scale to the linear they feed first. A tied embedding keeps its plain
-        table for lookups beside the packed projection. One-way: load weights before."""
-        for layer in self.layers:
-            if not self.cfg.gemma_norms:  # Gemma's norms cast after scaling; they stay
+    def apply_plan(
+        self,
+        plan: WeightPlan,
+        given: dict[Linear, WeightForm] | None = None,
+        input_maxima: dict[Linear, torch.Tensor] | None = None,
+    ) -> None:
+        """Hold every linear's weight in the plan's linear form and the vocabulary
+        projection's in its vocabulary form (models/weights/). given: forms already built
+        for some linears (a GGUF's own 4-bit blocks, gguf_int4.py); input_maxima: each
+        linear's calibrated input range (executor/calibrate.py), for forms that smooth by it.
+        A form that holds a weight in another layout frees the float one, so apply a plan
+        once after load_weights (which holds every weight plain). A tied embedding keeps its
+        table for lookups."""
+        given, maxima = given or {}, input_maxima or {}
+        if FORMS[plan.linear_form].folds_norms and not self.cfg.gemma_norms:
+            for layer in self.layers:  # Gemma's norms cast after scaling; they stay
                 layer.input_layernorm.fold_into(layer.self_attn.qkv_proj)
                 layer.post_attention_layernorm.fold_into(layer.mlp.gate_up_proj)
         for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack()
-        if self.lm_head is None:
-            self._vocab_packed = pack_weight(self.embed_tokens.weight)
-        else:
-            self._vocab_packed = self.lm_head.weight
-
-    def add_small_step_copies(self, max_rows: int) -> None:
-        """Give every linear and the vocabulary projection a bfloat16 copy used by steps of at
-        most max_rows rows (layers.Linear.add_small_step_copy): float32 models on CPUs
-        without native bfloat16, where those steps are bound by streaming weights."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.add_small_step_copy(max_rows)
-        if self.lm_head is None:
-            self._vocab_small = self.embed_tokens.weight.detach().to(torch.bfloat16)
-        else:
-            self._vocab_small = self.lm_head.small_weight
-        self._small_rows = max_rows
-
-    def quantize_weights(
-        self,
-        method: str,
-        input_maxima: dict[Linear, torch.Tensor] | None = None,
-        prequantized: dict[Linear, QuantizedWeight] | None = None,
-    ) -> None:
-        """Hold every linear and the vocabulary projection quantized by `method` ("int8" |
-        "int4" | "w8a8_int8", or "fp16": dtype "auto"'s float16 weights for fbgemm's float32
-        matmul, dtype_policy.plan_small_steps; models/quant.py). Under fp16 a weight beyond
-        float16's range stays float32. A tied embedding keeps its float table for lookups.
-        After load_weights; one-way. input_maxima: w8a8_int8's calibration
-        (executor/calibrate.py), per linear. prequantized: linears whose quantized weight is
-        given (a GGUF's own 4-bit blocks, gguf_int4.int4_from_gguf_blocks) rather than computed."""
-        maxima, given = input_maxima or {}, prequantized or {}
-        for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
-                if module in given:
-                    module.quant, module.weight = given[module], None
-                elif method != "fp16" or fits_fp16(module.weight):
-                    module.quantize(method, maxima.get(module))
-        vocab_method = vocab_quantization(method)
-        vocab = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if vocab_method == "fp16" and not fits_fp16(vocab):
-            return
-        if self.lm_head is None:
-            self._vocab_quant = quantize(vocab, vocab_method)
-        else:
-            self.lm_head.quantize(vocab_method)
-            self._vocab_quant = self.lm_head.quant
+                form = given.get(module)
+                if form is None:
+                    gated = isinstance(module, GateUpLinear)
+                    spec = LinearSpec(is_gated=gated, input_max=maxima.get(module))
+                    form = build_form(plan.linear_form, module.weight, plan, spec)
+                module.hold(form)
+        vocab = LinearSpec(is_vocab=True)
+        self.lm_head.hold(build_form(plan.vocab_form, self.lm_head.weight, plan, vocab))
 
     @property
     def num_linears(self) -> int:
-        """The linears quantize_weights quantizes (the vocabulary projection apart)."""
+        """The linears the plan's linear form applies to (the vocabulary projection apart)."""
         return sum(isinstance(m, Linear) and m is not self.lm_head for m in self.modules())
 
     def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
@@ -319,6 +262,9 @@ class DecoderForCausalLM(nn.Module):
             for module in self.modules():
                 if isinstance(module, RowParallelLinear) and module.bias is not None:
                     module.bias.data.zero_()
+        if self.cfg.tie_word_embeddings:  # tied here: to_empty would have untied them
+            self.lm_head.weight = self.embed_tokens.weight
+        self.apply_plan(WeightPlan())  # plain until the model runner applies its plan
 
     def _checkpoint_targets(self) -> dict[str, Shard]:
         """HF checkpoint name -> the (view of the) parameter it fills, and which part."""
@@ -332,7 +278,7 @@ class DecoderForCausalLM(nn.Module):
             "model.embed_tokens.weight": Shard(self.embed_tokens.weight, 0, cfg.vocab_size, [vocab])
         }
         t["model.norm.weight"] = Shard(self.norm.weight)
-        if self.lm_head is not None:
+        if not cfg.tie_word_embeddings:
             t["lm_head.weight"] = Shard(self.lm_head.weight, 0, cfg.vocab_size, [vocab])
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."

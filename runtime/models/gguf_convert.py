@@ -13,7 +13,7 @@ long/short factors (longrope).
 Weights stored as Q4_0 or Q4_1 also keep their 4-bit blocks, in quantized/int4.safetensors:
 per tensor its codes (two to a byte), and each block of 32's scale and minimum (w = min +
 code * scale), so `--quantization int4` packs the file's own codes instead of re-quantizing
-the float32 copy (models/quant.py int4_from_blocks).
+the float32 copy (models/weights/quantized.py, Int4Weight.from_blocks).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A GGUF's own 4-bit blocks as the int4 weights of a decoder's linears.
 
 The conversion keeps every Q4_0 / Q4_1 linear's codes, scales and minimums beside the float32
-weights (gguf_convert.int4_blocks, INT4_BLOCKS_FILE); `--quantization int4` packs those
-(quant.int4_from_blocks) instead of re-quantizing the float32 copy.
+weights (gguf_convert.int4_blocks, INT4_BLOCKS_FILE); `--quantization int4` holds those
+(weights.Int4Weight.from_blocks) instead of re-quantizing the float32 copy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from .decoder import DecoderForCausalLM
 from .gguf_convert import INT4_BLOCKS_FILE
 from .layers import Linear
-from .quant import QuantizedWeight, int4_from_blocks, unpack_nibbles
+from .weights import Int4Weight
 
 # Each linear's checkpoint tensors: merged (Phi-3), or the parts stacked in it.
 GGUF_INT4_SOURCES = {
@@ -39,7 +39,7 @@ def gguf_int4_blocks(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def int4_from_gguf_blocks(
     model: DecoderForCausalLM, blocks: dict[str, torch.Tensor]
-) -> dict[Linear, QuantizedWeight]:
+) -> dict[Linear, Int4Weight]:
     """The int4 weights of the model's linears whose checkpoint tensors all have blocks; a
     merged linear stacks its parts' blocks. One process only: a tensor-parallel rank would
     need its slice of the blocks."""
@@ -47,7 +47,7 @@ def int4_from_gguf_blocks(
         return {}
     if model.tp.size > 1:
         raise ValueError("GGUF int4 blocks load without tensor parallelism only")
-    out: dict[Linear, QuantizedWeight] = {}
+    out: dict[Linear, Int4Weight] = {}
     for i, layer in enumerate(model.layers):
         for linear_name, sources in GGUF_INT4_SOURCES.items():
             parent, attr = linear_name.split(".")
@@ -59,6 +59,12 @@ def int4_from_gguf_blocks(
                         for field in ("codes", "scale", "min")
                     )
                     linear = getattr(getattr(layer, parent), attr)
-                    out[linear] = int4_from_blocks(unpack_nibbles(codes), scale, minimum)
+                    out[linear] = Int4Weight.from_blocks(unpack_nibbles(codes), scale, minimum)
                     break
     return out
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[rows, cols / 2] bytes -> [rows, cols] codes 0..15: column 2j from the low nibble,
+    2j + 1 from the high one (gguf_convert.pack_nibbles' layout)."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)

@@ -112,7 +112,7 @@ def test_engine_reports_its_resolved_dtype(tiny_llama_dir, plan, monkeypatch):
         assert ("<= 2 rows use a bfloat16 weight copy" in info["dtype_reason"]) == bool(rows)
         assert engine.runner.kv_pool.k[0].dtype == auto_dtype("cpu").torch_dtype
         down = engine.runner.model.layers[0].mlp.down_proj
-        assert (getattr(down, "small_weight", None) is not None) == bool(rows)
+        assert (down.form.name == "small_steps") == bool(rows)
         params = {"max_new_tokens": 3, "ignore_eos": True}
         out = engine.generate(input_ids=[[5, 9, 13]], sampling_params=params)
         assert len(out[0]["output_ids"]) == 3
@@ -122,12 +122,13 @@ def test_small_step_copies_serve_only_steps_of_few_rows(tiny_llama_dir):
     """A float32 model with bfloat16 copies for steps of <= 2 rows: such steps compute close
     to float32 (bfloat16 rounding of weights and inputs); larger steps are float32 exactly."""
     from stemma.runtime.models.loader import load_model
+    from stemma.runtime.weight_plan import WeightPlan
 
     plain = load_model(str(tiny_llama_dir), torch.float32).model
     copied = load_model(str(tiny_llama_dir), torch.float32).model
-    copied.add_small_step_copies(2)
+    copied.apply_plan(WeightPlan("small_steps", "small_steps", small_step_rows=2))
     down = copied.layers[0].mlp.down_proj
-    assert down.small_weight.dtype == torch.bfloat16 and down.weight.dtype == torch.float32
+    assert down.form.small.dtype == torch.bfloat16 and down.weight.dtype == torch.float32
     for rows in (1, 2, 3, 16):
         x = torch.randn(rows, down.weight.shape[1])
         ref = plain.layers[0].mlp.down_proj(x)
@@ -138,77 +139,84 @@ def test_small_step_copies_serve_only_steps_of_few_rows(tiny_llama_dir):
         else:
             assert torch.equal(got, ref)
         h = torch.randn(rows, copied.cfg.hidden_size)
-        logits, ref_logits = copied.project_vocab(h), plain.project_vocab(h)
+        logits, ref_logits = copied.lm_head(h), plain.lm_head(h)
         assert logits.dtype == torch.float32
         torch.testing.assert_close(logits, ref_logits, atol=0.05 * ref_logits.abs().max(), rtol=0)
 
 
-def test_small_steps_are_planned_only_for_auto_float32_without_native_bf16(monkeypatch):
+def test_small_steps_are_planned_only_for_auto_float32_without_native_bf16():
     """With the measurements injected: a measured row limit is planned for auto float32 on
     a CPU without native bfloat16, and only there, and only if the copy fits in memory."""
-    import stemma.runtime.dtype_policy as policy
-    from stemma.runtime.dtype_policy import DtypeChoice, plan_small_steps
+    from stemma.runtime.weight_plan import Measured, plan_weights
 
-    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: False)
-    monkeypatch.setattr(policy, "fp16_weights_win", lambda hidden, inter: False)
-    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda hidden, inter: 4)
-    monkeypatch.setattr(policy, "available_memory_bytes", lambda: 8 << 30)
-    f32 = DtypeChoice("float32", "explicit")
-    assert plan_small_steps(f32, "float32", 64, 96, 1 << 20) == f32  # explicit: untouched
-    f64 = DtypeChoice("float64", "explicit")
-    assert plan_small_steps(f64, "auto", 64, 96, 1 << 20) == f64
-    auto = auto_dtype("cpu")
-    assert plan_small_steps(auto, "auto", 64, 96, 1 << 50).small_step_rows == 0  # no room
-    planned = plan_small_steps(auto, "auto", 64, 96, 1 << 20)
+    class NativeCPU:
+        """A CPU with native bfloat16, whose speeds must not be measured."""
+
+        can_pack = True
+
+        @property
+        def fp16_weights_win(self) -> bool:
+            pytest.fail("measured")
+
+        @property
+        def small_step_rows(self) -> int:
+            pytest.fail("measured")
+
+    machine = Measured(small_step_rows=4, available_bytes=8 << 30)
+    plain = plan_weights(None, "float32", "cpu", Measured())
+    explicit = plan_weights(None, "float32", "cpu", machine, auto=False, weight_bytes=1 << 20)
+    assert explicit == plain  # explicit: untouched
+    f64 = plan_weights(None, "float64", "cpu", machine, auto=True, weight_bytes=1 << 20)
+    assert f64 == plan_weights(None, "float64", "cpu", Measured())
+    no_room = plan_weights(None, "float32", "cpu", machine, auto=True, weight_bytes=1 << 50)
+    assert no_room.small_step_rows == 0
+    planned = plan_weights(None, "float32", "cpu", machine, auto=True, weight_bytes=1 << 20)
     assert planned.small_step_rows == 4 and "<= 4 rows use a bfloat16 weight copy" in planned.reason
-    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda hidden, inter: 0)
-    assert plan_small_steps(auto, "auto", 64, 96, 1 << 20) == auto  # bfloat16 never won
-    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: True)
-    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda *a: pytest.fail("measured"))
-    native = DtypeChoice("bfloat16", "auto: native")
-    assert plan_small_steps(native, "auto", 64, 96, 1 << 20) == native
+    never_won = Measured(small_step_rows=0, available_bytes=8 << 30)
+    assert plan_weights(None, "float32", "cpu", never_won, auto=True) == plain  # bfloat16 never won
+    # auto on a CPU with native bfloat16 resolved to bfloat16: nothing is measured
+    assert plan_weights(None, "bfloat16", "cpu", NativeCPU(), auto=True).linear_form == "packed"
 
 
 @pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines, reason="fbgemm is x86 only"
 )
 def test_fp16_weights_compute_float32_with_float16_rounded_weights(tiny_llama_dir):
-    """quantize_weights("fp16"): every linear and the vocabulary projection multiply float32 inputs
+    """The fp16 plan: every linear and the vocabulary projection multiply float32 inputs
     by float16-rounded weights in float32 (11 significant bits: close to float32, closer than
     the bfloat16 copy); a weight beyond float16's range stays float32."""
     from stemma.runtime.models.loader import load_model
+    from stemma.runtime.weight_plan import WeightPlan
 
     plain = load_model(str(tiny_llama_dir), torch.float32).model
     half = load_model(str(tiny_llama_dir), torch.float32).model
     half.layers[1].mlp.down_proj.weight.data[0, 0] = 1e6  # beyond float16
-    half.quantize_weights("fp16")
+    half.apply_plan(WeightPlan("fp16", "fp16"))
     down = half.layers[0].mlp.down_proj
-    assert down.weight is None and down.quant.method == "fp16"
-    assert half.layers[1].mlp.down_proj.quant is None  # kept float32
+    assert down.weight is None and down.form.name == "fp16"
+    assert half.layers[1].mlp.down_proj.form.name == "plain"  # kept float32
     for rows in (1, 8, 64):
-        x = torch.randn(rows, down.quant.in_features)
+        x = torch.randn(rows, down.form.in_features)
         w = plain.layers[0].mlp.down_proj.weight
         got = down(x)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, x @ w.half().float().t(), atol=1e-5, rtol=1e-5)
         assert (got - x @ w.t()).abs().max() <= 2e-3 * (x.abs() @ w.abs().t()).max()
         h = torch.randn(rows, half.cfg.hidden_size)
-        ref_logits = plain.project_vocab(h)
+        ref_logits = plain.lm_head(h)
         torch.testing.assert_close(
-            half.project_vocab(h), ref_logits, atol=2e-3 * ref_logits.abs().max(), rtol=0
+            half.lm_head(h), ref_logits, atol=2e-3 * ref_logits.abs().max(), rtol=0
         )
 
 
-def test_fp16_weights_are_planned_when_measured_faster(monkeypatch):
-    import stemma.runtime.dtype_policy as policy
+def test_fp16_weights_are_planned_when_measured_faster():
+    from stemma.runtime.weight_plan import Measured, plan_weights
 
-    base = policy.DtypeChoice("float32", "auto: no native bfloat16 on this CPU (AVX2)")
-    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: False)
-    monkeypatch.setattr(policy, "fp16_weights_win", lambda hidden, inter: True)
-    monkeypatch.setattr(policy, "bfloat16_small_step_rows", lambda hidden, inter: 2)
-    planned = policy.plan_small_steps(base, "auto", 64, 96, 1 << 20)
-    assert planned.fp16_weights and planned.small_step_rows == 0
+    machine = Measured(fp16_weights_win=True, small_step_rows=2, available_bytes=8 << 30)
+    planned = plan_weights(None, "float32", "cpu", machine, auto=True, weight_bytes=1 << 20)
+    assert planned.linear_form == "fp16" and planned.small_step_rows == 0
     assert "float16 weights" in planned.reason
-    assert policy.plan_small_steps(base, "float32", 64, 96, 1 << 20) == base  # explicit
-    monkeypatch.setattr(policy, "fp16_weights_win", lambda hidden, inter: False)
-    assert not policy.plan_small_steps(base, "auto", 64, 96, 1 << 20).fp16_weights
+    explicit = plan_weights(None, "float32", "cpu", machine, auto=False, weight_bytes=1 << 20)
+    assert explicit == plan_weights(None, "float32", "cpu", Measured())  # explicit
+    slower = Measured(fp16_weights_win=False, small_step_rows=2, available_bytes=8 << 30)
+    assert plan_weights(None, "float32", "cpu", slower, auto=True).linear_form != "fp16"

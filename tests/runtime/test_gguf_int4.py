@@ -10,9 +10,13 @@ import torch
 from stemma.runtime.engine import Engine
 from stemma.runtime.models import loader
 from stemma.runtime.models.gguf_convert import INT4_BLOCKS_FILE
-from stemma.runtime.models.gguf_int4 import gguf_int4_blocks, int4_from_gguf_blocks
+from stemma.runtime.models.gguf_int4 import (
+    gguf_int4_blocks,
+    int4_from_gguf_blocks,
+    unpack_nibbles,
+)
 from stemma.runtime.models.loader import load_decoder, resolve_checkpoint
-from stemma.runtime.models.quant import dequantize, quantize, unpack_nibbles
+from stemma.runtime.models.weights import quantize
 
 from .gguf_writer import write_gguf
 
@@ -44,12 +48,12 @@ def test_blocks_are_the_files_weights(quantized_gguf, tmp_path):
     direct_err = requant_err = 0.0
     for linear, qw in given.items():
         w = linear.weight.detach()
-        direct = dequantize(qw) - w
+        direct = qw.dequantize() - w
         # Only the kernel's bfloat16 scale and zero round: within 2^-8 of each group's range.
         group_range = w.view(w.shape[0], -1, 32).abs().amax(-1).repeat_interleave(32, dim=1)
         assert bool((direct.abs() <= 2**-7 * group_range + 1e-6).all())
         direct_err += direct.pow(2).sum().item()
-        requant_err += (dequantize(quantize(w, "int4")) - w).pow(2).sum().item()
+        requant_err += (quantize(w, "int4").dequantize() - w).pow(2).sum().item()
     if kind == "Q4_0":  # symmetric blocks: min / max re-quantization picks another grid
         assert direct_err < 0.5 * requant_err
     else:  # Q4_1's grid is min / max already: re-quantizing finds the same codes
@@ -72,7 +76,7 @@ def test_engine_reports_and_uses_the_blocks(quantized_gguf, tmp_path, make_promp
         ckpt = resolve_checkpoint(str(path), cache)
         want = int4_from_gguf_blocks(net, gguf_int4_blocks(ckpt))
         for linear in (net.layers[0].self_attn.qkv_proj, net.layers[1].mlp.down_proj):
-            assert torch.equal(dequantize(linear.quant), dequantize(want[linear]))
+            assert torch.equal(linear.form.dequantize(), want[linear].dequantize())
     finally:
         engine.shutdown()
 

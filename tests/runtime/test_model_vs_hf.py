@@ -7,6 +7,7 @@ import torch
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.executor.model_runner import ModelRunner
 from stemma.runtime.models.loader import load_model
+from stemma.runtime.weight_plan import WeightPlan
 
 from ..fixtures import hf_greedy
 
@@ -16,7 +17,9 @@ NEW_TOKENS = 12
 class GreedyDriver:
     """Drives ModelRunner by hand: explicit slots, chunks and prefixes."""
 
-    def __init__(self, ckpt, page_size: int = 1, dtype: str = "float64"):
+    def __init__(
+        self, ckpt, page_size: int = 1, dtype: str = "float64", plan: WeightPlan | None = None
+    ):
         cfg = EngineConfig(
             model=str(ckpt),
             dtype=dtype,
@@ -25,7 +28,7 @@ class GreedyDriver:
             max_running_requests=16,
         )
         self.loaded = load_model(str(ckpt), getattr(torch, dtype))
-        self.runner = ModelRunner(cfg, self.loaded)
+        self.runner = ModelRunner(cfg, self.loaded, plan)  # None: the runner's default plan
         self.owned: dict[int, list[int]] = {}  # row -> slots allocated to it (whole pages)
 
     def slots_for(self, row: int, start: int, num: int) -> list[int]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stemma.runtime.executor import model_runner
-from stemma.runtime.models.layers import Linear, can_pack_weights
+from stemma.runtime import dtype_policy
+from stemma.runtime.dtype_policy import can_pack_bf16_weights
+from stemma.runtime.models.layers import Linear
+from stemma.runtime.weight_plan import Measured, plan_weights
 
 from .test_model_vs_hf import GreedyDriver
 
@@ -13,7 +15,7 @@ from .test_model_vs_hf import GreedyDriver
 # (a kernel, not a decision: it cannot be faked). The tests that need no packed kernel run
 # everywhere, and the one that runs both ways fakes "no packing" to take the plain branch.
 needs_packing = pytest.mark.skipif(
-    not can_pack_weights(torch.device("cpu"), torch.bfloat16),
+    not can_pack_bf16_weights(),
     reason="oneDNN has no bfloat16 kernels on this CPU (no AVX512-BF16 / AMX)",
 )
 
@@ -43,14 +45,15 @@ def test_packed_weights_as_accurate_as_plain_weights(
     packed = GreedyDriver(ckpt, dtype="bfloat16")
     model = packed.runner.model
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.is_packed for m in linears)
+    assert linears and all(m.form.name == "packed" for m in linears)
     assert all(
         layer.input_layernorm.weight is None and layer.post_attention_layernorm.weight is None
         for layer in model.layers
     )
-    monkeypatch.setattr(model_runner, "can_pack_weights", lambda device, dtype: False)
-    plain = GreedyDriver(ckpt, dtype="bfloat16")
-    assert not any(m.is_packed for m in plain.runner.model.modules() if isinstance(m, Linear))
+    unpacked = plan_weights(None, "bfloat16", "cpu", Measured(can_pack=False))
+    plain = GreedyDriver(ckpt, dtype="bfloat16", plan=unpacked)
+    linears = [m for m in plain.runner.model.modules() if isinstance(m, Linear)]
+    assert not any(m.form.name == "packed" for m in linears)
     err_packed = (_prefill_logits(packed) - reference).abs()
     err_plain = (_prefill_logits(plain) - reference).abs()
     assert float(err_plain.mean()) > 0  # bf16 does round: the comparison means something
@@ -72,7 +75,8 @@ def test_packed_greedy_ids_follow_float32_where_the_choice_is_clear(tiny_llama_d
 
 def test_float32_weights_stay_plain(tiny_llama_dir) -> None:
     driver = GreedyDriver(tiny_llama_dir, dtype="float32")
-    assert not any(m.is_packed for m in driver.runner.model.modules() if isinstance(m, Linear))
+    linears = [m for m in driver.runner.model.modules() if isinstance(m, Linear)]
+    assert not any(m.form.name == "packed" for m in linears)
 
 
 @pytest.mark.parametrize("weights", [pytest.param("packed", marks=needs_packing), "plain"])
@@ -85,7 +89,7 @@ def test_plain_greedy_reads_bf16_logits_and_chooses_as_float32(
     from stemma.runtime.sampling.sampler import Sampler
 
     if weights == "plain":
-        monkeypatch.setattr(model_runner, "can_pack_weights", lambda device, dtype: False)
+        monkeypatch.setattr(dtype_policy, "can_pack_bf16_weights", lambda: False)
 
     seen: list[torch.dtype] = []
     real_sample = Sampler.sample
@@ -100,7 +104,7 @@ def test_plain_greedy_reads_bf16_logits_and_chooses_as_float32(
     for mode, extra in [("plain", {}), ("logprobs", {"logprob": {"return_logprob": True}})]:
         h = harness_factory(tiny_llama_dir, dtype="bfloat16", max_total_tokens=1024)
         linears = [m for m in h.runner.model.modules() if isinstance(m, Linear)]
-        assert all(m.is_packed == (weights == "packed") for m in linears)
+        assert all((m.form.name == "packed") == (weights == "packed") for m in linears)
         reqs = [h.add(f"{mode}{i}", p, max_new_tokens=6, **extra) for i, p in enumerate(prompts)]
         seen.clear()
         h.run()

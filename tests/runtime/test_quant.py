@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from stemma.runtime.config import EngineConfig
-from stemma.runtime.models.quant import INT4_GROUP_SIZE, dequantize, quantize
+from stemma.runtime.dtype_policy import MachineMeasurements
+from stemma.runtime.models.weights import INT4_GROUP_SIZE, quantize
+from stemma.runtime.weight_plan import plan_weights
 
 
 def q4_1_like(out: int, inp: int, seed: int = 0) -> torch.Tensor:
@@ -20,13 +22,18 @@ def q4_1_like(out: int, inp: int, seed: int = 0) -> torch.Tensor:
     return (d * q + m).reshape(out, inp)
 
 
+def vocab_form(method: str) -> str:
+    """The vocabulary projection's form that the plan picks under `method` on this build."""
+    return plan_weights(method, "float32", "cpu", MachineMeasurements(64, 128)).vocab_form
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 3, 32])
 def test_matmul_equals_the_dequantized_weight(method, rows):
     w = torch.randn(96, 128) * 0.05
     qw = quantize(w, method)
     x = torch.randn(rows, 128)
-    ref = x @ dequantize(qw).t()
+    ref = x @ qw.dequantize().t()
     got = qw.matmul(x)
     assert got.dtype == torch.float32 and got.shape == (rows, 96)
     # The kernel rounds x to bfloat16 and accumulates in float32.
@@ -53,13 +60,13 @@ def test_w8a8_rounds_activations_per_step_and_weights_per_channel(kernels, monke
     7-bit steps of its own range, so a row of small values keeps its precision beside a
     row of large ones. With x86's kernels and with ARM's (qnnpack, also in x86 builds;
     it rounds to 8 bits, finer than the bound)."""
-    from stemma.runtime.models import quant
+    from stemma.runtime.models.weights import quantized
 
     monkeypatch.setattr(torch.backends.quantized, "engine", torch.backends.quantized.engine)
-    monkeypatch.setattr(quant, "quantized_engine", lambda: kernels)
+    monkeypatch.setattr(quantized, "quantized_engine", lambda: kernels)
     w = torch.randn(96, 128) * 0.05
     qw = quantize(w, "w8a8_int8")
-    weight = dequantize(qw)
+    weight = qw.dequantize()
     assert (weight - w).abs().amax() <= w.abs().amax() / 127
     for rows in (1, 8, 64):
         x = torch.randn(rows, 128) * torch.logspace(-3, 1, rows)[:, None]
@@ -76,17 +83,18 @@ def test_w8a8_rounds_activations_per_step_and_weights_per_channel(kernels, monke
 def test_quantized_kernel_choice_follows_the_build(monkeypatch):
     """Which kernels w8a8_int8 and its vocabulary projection use, for each kind of torch
     build, on any machine (the list of kernel libraries is faked)."""
-    from stemma.runtime.models import quant
+    from stemma.runtime.dtype_policy import fp16_weights_available
+    from stemma.runtime.models.weights.quantized import quantized_engine
 
     _fake_quantized_engines(monkeypatch, ["qnnpack", "onednn", "x86", "fbgemm"])  # x86
-    assert quant.quantized_engine() == "fbgemm" and quant.fp16_weights_available()
-    assert quant.vocab_quantization("w8a8_int8") == "fp16"
+    assert quantized_engine() == "fbgemm" and fp16_weights_available()
+    assert vocab_form("w8a8_int8") == "fp16"
     _fake_quantized_engines(monkeypatch, ["qnnpack"])  # ARM
-    assert quant.quantized_engine() == "qnnpack" and not quant.fp16_weights_available()
-    assert quant.vocab_quantization("w8a8_int8") == "int8"
-    assert quant.vocab_quantization("int4") == "int8" and quant.vocab_quantization("int8") == "int8"
+    assert quantized_engine() == "qnnpack" and not fp16_weights_available()
+    assert vocab_form("w8a8_int8") == "int8"
+    assert vocab_form("int4") == "int8" and vocab_form("int8") == "int8"
     _fake_quantized_engines(monkeypatch, [])  # neither
-    assert quant.quantized_engine() is None
+    assert quantized_engine() is None
     with pytest.raises(ValueError, match="w8a8_int8 needs torch's fbgemm"):
         quantize(torch.randn(8, 32), "w8a8_int8")
 
@@ -123,16 +131,16 @@ def test_calibration_sees_every_linear(tiny_llama_dir):
 
 def test_int8_error_is_per_channel_small():
     w = torch.randn(64, 256) * torch.logspace(-3, 0, 64)[:, None]  # rows of very unlike scale
-    err = (dequantize(quantize(w, "int8")) - w).abs().amax(dim=1)
+    err = (quantize(w, "int8").dequantize() - w).abs().amax(dim=1)
     assert (err <= w.abs().amax(dim=1) / 127).all()  # half a step, plus bf16 scale rounding
 
 
 def test_int4_recovers_a_q4_1_weight_up_to_bfloat16_scales():
     w = q4_1_like(64, 256)
-    rel = (dequantize(quantize(w, "int4")) - w).norm() / w.norm()
+    rel = (quantize(w, "int4").dequantize() - w).norm() / w.norm()
     assert rel < 5e-3  # only the bfloat16 rounding of scale and zero
     gaussian = torch.randn(64, 256)
-    rel_gauss = (dequantize(quantize(gaussian, "int4")) - gaussian).norm() / gaussian.norm()
+    rel_gauss = (quantize(gaussian, "int4").dequantize() - gaussian).norm() / gaussian.norm()
     assert rel_gauss > 10 * rel  # a weight that was not 4-bit loses far more
 
 
@@ -190,13 +198,14 @@ def test_quantized_engine_tracks_the_float32_model(
     prompt's logprobs stay close. (Random tiny weights have large, near-tied logits, so a
     few top tokens flip even under int8.) build "arm": w8a8_int8 as an ARM build runs it
     (qnnpack, and an int8 vocabulary projection for want of fbgemm's float16), on x86 too."""
+    import stemma.runtime.dtype_policy as policy
     from stemma.runtime.engine import Engine
-    from stemma.runtime.models import quant as quant_module
+    from stemma.runtime.models.weights import quantized
 
     if build == "arm":
         monkeypatch.setattr(torch.backends.quantized, "engine", torch.backends.quantized.engine)
-        monkeypatch.setattr(quant_module, "quantized_engine", lambda: "qnnpack")
-        monkeypatch.setattr(quant_module, "fp16_weights_available", lambda: False)
+        monkeypatch.setattr(quantized, "quantized_engine", lambda: "qnnpack")
+        monkeypatch.setattr(policy, "fp16_weights_available", lambda: False)
 
     prompts = make_prompts([17, 33, 64, 90], 300, seed=3)
     fields = {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
@@ -209,9 +218,9 @@ def test_quantized_engine_tracks_the_float32_model(
             outs = engine.generate(input_ids=prompts, sampling_params=params, **fields)
             if quant:
                 linear = engine.runner.model.layers[0].mlp.down_proj
-                assert linear.weight is None and linear.quant.method == method
-                vocab = engine.runner.model.lm_head.quant.method
-                assert vocab == quant_module.vocab_quantization(method)
+                assert linear.weight is None and linear.form.name == method
+                vocab = engine.runner.model.lm_head.form.name
+                assert vocab == vocab_form(method)
         metas = [o["meta_info"] for o in outs]
         tops[quant] = [t[0][1] for m in metas for t in m["input_top_logprobs"][1:]]
         lps[quant] = torch.tensor([t[0] for m in metas for t in m["input_token_logprobs"][1:]])

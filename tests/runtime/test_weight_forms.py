@@ -1,0 +1,87 @@
+"""Every weight form multiplies as the plain weight does (within its rounding), adds the bias
+and the residual, and holds fewer bytes where it is meant to; the plan names exactly the
+forms there are and travels to other ranks whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from stemma.runtime.dtype_policy import can_pack_bf16_weights
+from stemma.runtime.models.weights import FORMS, LinearSpec, PlainWeight, build_form
+from stemma.runtime.weight_plan import LINEAR_FORMS, VOCAB_FORMS, WeightPlan
+
+# Relative error bound of each form against float32 (bfloat16 inputs or weights: ~2^-8).
+TOLERANCE = {"plain": 1e-6, "small_steps": 2e-2, "fp16": 2e-3, "int8": 3e-2, "int4": 2e-1}
+TOLERANCE["w8a8_int8"] = 5e-2
+
+
+def _plan(name: str) -> WeightPlan:
+    rows = 4 if name == "small_steps" else 0
+    return WeightPlan(name, "plain", small_step_rows=rows, transposed_vocab_rows=8)
+
+
+@pytest.mark.parametrize("name", [n for n in LINEAR_FORMS if n != "packed"])
+@pytest.mark.parametrize("rows", [1, 4, 9])
+def test_each_form_adds_bias_and_residual_like_plain(name, rows):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 64, generator=g) * 0.05
+    bias, x = torch.randn(48, generator=g), torch.randn(rows, 64, generator=g)
+    residual = torch.randn(rows, 48, generator=g)
+    form = build_form(name, w, _plan(name))
+    assert form.name == name
+    ref = torch.nn.functional.linear(x, w, bias) + residual
+    got = form.matmul(x, bias, residual)
+    assert got.dtype == torch.float32 and got.shape == (rows, 48)
+    tol = TOLERANCE[name] * ref.abs().max().item()
+    torch.testing.assert_close(got, ref, atol=tol, rtol=0)
+    gate, up = (x @ w.t()).chunk(2, dim=-1)
+    gated = form.gated(x, None, "silu")
+    torch.testing.assert_close(gated, torch.nn.functional.silu(gate) * up, atol=tol, rtol=0)
+    if name in ("fp16", "int8", "int4", "w8a8_int8"):
+        assert form.nbytes < w.nbytes
+    else:
+        assert form.nbytes >= w.nbytes
+
+
+@pytest.mark.skipif(not can_pack_bf16_weights(), reason="no oneDNN bfloat16 kernels here")
+def test_packed_form_fuses_what_plain_computes_apart():
+    g = torch.Generator().manual_seed(1)
+    w = (torch.randn(64, 32, generator=g) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(64, generator=g).to(torch.bfloat16)
+    x = torch.randn(5, 32, generator=g).to(torch.bfloat16)
+    residual = torch.randn(5, 64, generator=g).to(torch.bfloat16)
+    plain = PlainWeight(w)
+    packed = FORMS["packed"].from_weight(w, WeightPlan("packed", "packed"))
+    gated = FORMS["packed"].from_weight(w, WeightPlan(), LinearSpec(is_gated=True))
+    assert packed.weight is None and packed.nbytes == w.nbytes
+    for got, ref in [
+        (packed.matmul(x, bias, residual), plain.matmul(x, bias, residual)),
+        (gated.gated(x, bias, "silu"), plain.gated(x, bias, "silu")),
+        (gated.gated(x, None, "gelu"), plain.gated(x, None, "gelu")),
+    ]:
+        torch.testing.assert_close(got.float(), ref.float(), atol=0.05, rtol=0.02)
+
+
+def test_the_vocabulary_form_transposes_from_its_row_limit_and_fp16_falls_back():
+    w = torch.randn(40, 16)
+    vocab = LinearSpec(is_vocab=True)
+    form = build_form("plain", w, WeightPlan(transposed_vocab_rows=8), vocab)
+    form.matmul(torch.randn(7, 16))
+    assert form.transposed is None  # below the limit: F.linear on the weight as loaded
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(form.matmul(x), x @ w.t())
+    assert form.transposed.shape == (16, 40) and form.nbytes == 2 * w.nbytes
+    assert type(build_form("plain", w, WeightPlan(), vocab)) is PlainWeight
+    huge = w.clone()
+    huge[0, 0] = 1e6  # beyond float16: the weight stays as it is
+    assert build_form("fp16", huge, WeightPlan("fp16", "fp16"), vocab).weight is huge
+
+
+def test_the_plan_names_every_form_and_round_trips():
+    assert tuple(FORMS) == LINEAR_FORMS and set(VOCAB_FORMS) <= set(FORMS)
+    plan = WeightPlan("small_steps", "small_steps", 2, 8, "steps of <= 2 rows (measured)")
+    assert WeightPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValueError, match="vocabulary form 'int4'"):
+        WeightPlan("int4", "int4")
+    with pytest.raises(ValueError, match="small_step_rows=0"):
+        WeightPlan("small_steps", "small_steps")
