@@ -20,21 +20,28 @@ from .constrained.constraints import Constraints
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .cpu_caches import HeapTrimmer, bound_onednn_caches
-from .dtype_policy import MachineMeasurements, resolve_dtype
-from .engine_core import build_core
-from .engine_state import EngineMetrics, EngineUnavailable, EventBuffer, Handle, QueueGate
-from .executor.model_runner import ModelRunner
+from .dtype_policy import resolve_dtype
+from .engine_core import build_core, load_runner
+from .engine_state import (
+    EngineMetrics,
+    EngineUnavailable,
+    EventBuffer,
+    Handle,
+    QueueGate,
+    events_until_final,
+    final_outputs,
+    stream_outputs,
+)
 from .executor.tensor_parallel import TensorParallel, WorkerLost
 from .faults import Faults
 from .inbox import AbortRequest, AddRequests, CallOnEngine, Command, Event, Stop
 from .io_struct import GenerateRequest, check_prompt
-from .models.loader import load_model, resolve_checkpoint
+from .models.loader import resolve_checkpoint
 from .response import ResponseBuilder, StreamText, final_text
 from .sampling.sampler import SamplingState
 from .scheduler.req import FinishReason, Req
 from .scheduler.stop import StopSpec, compile_stops
 from .tokenizer import IncrementalDetokenizer
-from .weight_plan import plan_weights
 
 log = logging.getLogger("stemma.engine")
 
@@ -69,26 +76,13 @@ class Engine:
 
     def _load(self, cfg: EngineConfig, ckpt: str) -> None:
         """Load rank 0's model (TP workers load theirs meanwhile), then start the loop."""
-        tp_group = self.tp.group if self.tp is not None else None
-        loaded = load_model(ckpt, self.dtype.torch_dtype, cfg.device, tp=tp_group)
-        mc, params = loaded.config, loaded.model.parameters()
-        weight_bytes = sum(p.numel() * p.element_size() for p in params)
-        machine = MachineMeasurements(mc.hidden_size, mc.intermediate_size)
-        plan = plan_weights(
-            cfg.quantization,
-            self.dtype.name,
-            cfg.device,
-            machine,
-            cfg.dtype == "auto",
-            weight_bytes,
-        )
+        self.faults = Faults(cfg.enable_fault_injection)
+        loaded, self.runner, plan = load_runner(cfg, ckpt, self.dtype, self.faults, self.tp)
         self.dtype = self.dtype.noting(plan.reason)
         self.tokenizer = loaded.tokenizer
         if cfg.chat_template is not None:
             self.tokenizer.set_chat_template(cfg.chat_template)
         self.model_config = loaded.config
-        self.faults = Faults(cfg.enable_fault_injection)
-        self.runner = ModelRunner(cfg, loaded, plan, self.faults, self.tp)
         if self.tp is not None:
             self.tp.wait_ready(plan)
             self.tp.on_lost = self._on_rank_lost
@@ -121,7 +115,7 @@ class Engine:
             return self._stream_sync(request, reqs)
         events: queue.SimpleQueue = queue.SimpleQueue()
         self._submit(request, reqs, events.put)
-        return self._collect(request, iter(events.get, None))
+        return final_outputs(iter(events.get, None), len(request.items), request.is_batch)
 
     async def async_generate(self, text=None, sampling_params=None, input_ids=None, **fields):
         """Awaitable /generate; with stream=True returns an async iterator of chunks."""
@@ -236,44 +230,16 @@ class Engine:
         self._gate.moved(len(reqs))
         self._inbox.put(AddRequests(request, reqs, sink))
 
-    def _collect(self, request: GenerateRequest, events: Iterator[Event]):
-        results: list[Any] = [None] * len(request.items)
-        remaining = len(results)
-        for idx, out, is_final in events:
-            if is_final:
-                results[idx] = out
-                remaining -= 1
-                if remaining == 0:
-                    break
-        return results if request.is_batch else results[0]
-
     def _stream_sync(self, request, reqs) -> Iterator[dict[str, Any]]:
-        events = EventBuffer()
+        events = EventBuffer()  # submitted at the first read, as the generator starts
         self._submit(request, reqs, events.put)
-        remaining = len(reqs)
-        try:
-            while remaining:
-                idx, out, is_final = events.get()
-                remaining -= is_final
-                yield out | {"index": idx} if request.is_batch else out
-        finally:
-            if remaining:  # the consumer stopped early: free the requests
-                for r in reqs:
-                    self.abort(r.rid, "the client stopped reading the stream")
+        yield from stream_outputs(events, reqs, request.is_batch, self.abort)
 
     async def _events_async(self, request, reqs) -> AsyncIterator[Event]:
         events = EventBuffer(asyncio.get_running_loop())
         self._submit(request, reqs, events.put)
-        remaining = len(reqs)
-        try:
-            while remaining:
-                ev = await events.get_async()
-                remaining -= ev[2]
-                yield ev
-        finally:
-            if remaining:  # cancelled (e.g. the HTTP client went away): free the requests
-                for r in reqs:
-                    self.abort(r.rid, "the client disconnected")
+        async for ev in events_until_final(events, reqs, self.abort):
+            yield ev
 
     async def _stream_async(self, request, reqs) -> AsyncIterator[dict[str, Any]]:
         async for idx, out, _ in self._events_async(request, reqs):

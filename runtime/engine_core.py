@@ -1,5 +1,5 @@
 """EngineCore: the parts one engine step needs, built in one place (the engine and the tests
-build them here), and the step itself:
+build them here: `load_runner`, then `build_core`), and the step itself:
 
     schedule -> prepare -> forward -> process outputs -> finish the step
 
@@ -12,15 +12,23 @@ scheduler hands the KV of finished requests back to the cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import EngineConfig
+from .dtype_policy import DtypeChoice, MachineMeasurements
 from .executor.model_runner import ModelRunner
+from .faults import Faults
+from .models.loader import LoadedModel, load_model
 from .sampling.sampler import Sampler
 from .scheduler.batch import ScheduledBatch
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.planner import prepare_step
 from .scheduler.scheduler import Scheduler
 from .tokenizer import Tokenizer
+from .weight_plan import WeightPlan, plan_weights
+
+if TYPE_CHECKING:
+    from .executor.tensor_parallel import TensorParallel
 
 
 @dataclass  # not slots: tests hold the engine's loop by patching step on the instance
@@ -48,3 +56,21 @@ def build_core(
     sampler = Sampler(vocab_size, tokenizer.eos_token_ids, cfg.random_seed)
     outputs = OutputProcessor(tokenizer, sampler, runner.context_len, cfg.enable_jump_forward)
     return EngineCore(runner, outputs, Scheduler(cfg, runner, outputs.matcher_for))
+
+
+def load_runner(
+    cfg: EngineConfig,
+    ckpt: str,
+    dtype: DtypeChoice,
+    faults: Faults | None = None,
+    tp: TensorParallel | None = None,
+) -> tuple[LoadedModel, ModelRunner, WeightPlan]:
+    """Rank 0's model in `dtype`, its weights held as the plan decided for this machine (the
+    plan goes to the other ranks too), and the runner over it with its KV memory."""
+    loaded = load_model(ckpt, dtype.torch_dtype, cfg.device, tp=tp.group if tp else None)
+    mc = loaded.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    machine = MachineMeasurements(mc.hidden_size, mc.intermediate_size)
+    auto = cfg.dtype == "auto"
+    plan = plan_weights(cfg.quantization, dtype.name, cfg.device, machine, auto, weight_bytes)
+    return loaded, ModelRunner(cfg, loaded, plan, faults, tp), plan

@@ -1,5 +1,6 @@
 """Engine-side bookkeeping: where each request's outputs go (a Handle, and for a caller's
-events an EventBuffer that stays bounded however slowly the caller reads), and the metrics."""
+events an EventBuffer that stays bounded however slowly the caller reads, read until every
+request's final event by the functions below it), and the metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +123,53 @@ class EventBuffer:
                     del self._progress[event[0]]
                 return event
         return None
+
+
+def final_outputs(events: Iterator[Event], num: int, is_batch: bool) -> Any:
+    """The final output of each of `num` requests, in item order (one alone unless a batch)."""
+    results: list[Any] = [None] * num
+    remaining = num
+    for idx, out, is_final in events:
+        if is_final:
+            results[idx] = out
+            remaining -= 1
+            if remaining == 0:
+                break
+    return results if is_batch else results[0]
+
+
+def stream_outputs(
+    events: EventBuffer, reqs: list[Req], is_batch: bool, abort: Callable[[str, str], None]
+) -> Iterator[dict[str, Any]]:
+    """Each output as the caller reads it (a batch's tagged with its index); a reader that
+    stops before the last final event frees the requests through abort(rid, reason)."""
+    remaining = len(reqs)
+    try:
+        while remaining:
+            idx, out, is_final = events.get()
+            remaining -= is_final
+            yield out | {"index": idx} if is_batch else out
+    finally:
+        if remaining:
+            for req in reqs:
+                abort(req.rid, "the client stopped reading the stream")
+
+
+async def events_until_final(
+    events: EventBuffer, reqs: list[Req], abort: Callable[[str, str], None]
+) -> AsyncIterator[Event]:
+    """The events of `reqs` up to the last final one; cancelled before it (e.g. the HTTP
+    client went away), it frees the requests through abort(rid, reason)."""
+    remaining = len(reqs)
+    try:
+        while remaining:
+            ev = await events.get_async()
+            remaining -= ev[2]
+            yield ev
+    finally:
+        if remaining:
+            for req in reqs:
+                abort(req.rid, "the client disconnected")
 
 
 @dataclass(slots=True)

@@ -19,12 +19,12 @@ settings.register_profile("stemma", deadline=None, suppress_health_check=[Health
 settings.load_profile("stemma")
 
 # The two speed measurements behind dtype "auto"'s weight plan on CPUs without native bfloat16
-# (dtype_policy.plan_small_steps). Measured for real, their verdict would depend on how fast
-# and how busy this CPU is, and it changes the numerics of every engine built with dtype
-# "auto" (float16 weights, bfloat16 copies for small steps, or neither). Tests get a fixed
-# verdict instead, "neither wins" (auto float32 computes as explicit float32); the tests of
-# the decision inject their own verdicts, and the measuring code itself runs on tiny sizes
-# through the real_speed_measurements fixture.
+# (weight_plan.plan_weights over dtype_policy.MachineMeasurements). Measured for real, their
+# verdict would depend on how fast and how busy this CPU is, and it changes the numerics of
+# every engine built with dtype "auto" (float16 weights, bfloat16 copies for small steps, or
+# neither). Tests get a fixed verdict instead, "neither wins" (auto float32 computes as
+# explicit float32); the tests of the decision inject their own verdicts, and the measuring
+# code itself runs on tiny sizes through the real_speed_measurements fixture.
 _MEASURED_VERDICTS = {"fp16_weights_win": False, "bfloat16_small_step_rows": 0}
 
 
@@ -106,9 +106,7 @@ class SchedulerHarness:
         import torch
         from stemma.runtime.config import EngineConfig
         from stemma.runtime.dtype_policy import resolve_dtype
-        from stemma.runtime.engine_core import build_core
-        from stemma.runtime.executor.model_runner import ModelRunner
-        from stemma.runtime.models.loader import load_model
+        from stemma.runtime.engine_core import build_core, load_runner
         from stemma.runtime.tokenizer import Tokenizer
 
         config.setdefault("dtype", "float64")
@@ -117,11 +115,10 @@ class SchedulerHarness:
             self.tokenizer = Tokenizer(ckpt)
             self.vocab_size = self.tokenizer.vocab_size
             self.runner = FakeRunner(self.cfg, self.vocab_size)
-        else:
-            dtype = resolve_dtype(self.cfg.dtype, self.cfg.device).torch_dtype
-            loaded = load_model(self.cfg.model, dtype, self.cfg.device)
+        else:  # the engine's own assembly, its weight plan included
+            dtype = resolve_dtype(self.cfg.dtype, self.cfg.device)
+            loaded, self.runner, _ = load_runner(self.cfg, self.cfg.model, dtype)
             self.tokenizer = loaded.tokenizer
-            self.runner = ModelRunner(self.cfg, loaded)
             self.vocab_size = loaded.config.vocab_size
         # The engine's own assembly: the same sampler, output processor and scheduler.
         self.core = build_core(self.cfg, self.runner, self.tokenizer, self.vocab_size)
