@@ -9,7 +9,8 @@ workload at a time, so only one side computes at any moment; each round runs bot
 workload back to back, in alternating order. Workloads (greedy, ignore_eos, no cache hits):
 decode at batch 1 and 32 (32-token prompts, 64 new tokens) and prefill (8 prompts of 512
 tokens, 1 new token). Reported: each side's median seconds, the median of per-round ratios
-baseline / candidate (> 1: the candidate is faster) and the ratio of the fastest rounds. Results: bench/results/ab_engine.jsonl.
+baseline / candidate (> 1: the candidate is faster) and the ratio of the fastest rounds.
+Results: bench/results/ab_engine.jsonl.
 """
 
 from __future__ import annotations
