@@ -9,8 +9,11 @@ from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from ...weight_plan import WeightPlan
+
+MaybeTensor = Tensor | None  # an optional bias or residual
 
 
 class LinearSpec(NamedTuple):
@@ -42,16 +45,11 @@ class WeightForm(ABC):
     @classmethod
     @abstractmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> WeightForm: ...
 
     @abstractmethod
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         """x [rows, in] -> x W^T (+ bias) (+ residual) [rows, out], in x's dtype."""
 
     def gated(self, x: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from ...weight_plan import WeightPlan
-from .base import PLAIN_SPEC, LinearSpec, WeightForm, activation, add_bias_residual
+from .base import PLAIN_SPEC, LinearSpec, MaybeTensor, WeightForm, activation, add_bias_residual
 
 # The row count oneDNN lays the weight out for. 32 favours decode: 1-64 rows stream 1.5-1.65x
 # faster than from a plain weight; 512-1024-row prefill chunks run ~10% slower than plain.
@@ -23,18 +24,13 @@ class PlainWeight(WeightForm):
 
     @classmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> PlainWeight:
         if spec.is_vocab and plan.transposed_vocab_rows:
             return TransposedWeight(weight, plan.transposed_vocab_rows)
         return cls(weight)
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         y = F.linear(x, self.weight, bias)
         return y if residual is None else residual + y
 
@@ -53,12 +49,7 @@ class TransposedWeight(PlainWeight):
         self.min_rows = min_rows
         self.transposed: torch.Tensor | None = None
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         if x.shape[0] < self.min_rows:
             return super().matmul(x, bias, residual)
         if self.transposed is None:
@@ -86,7 +77,7 @@ class PackedWeight(WeightForm):
 
     @classmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> PackedWeight:
         w = weight.detach()
         if not spec.is_gated:
@@ -94,12 +85,7 @@ class PackedWeight(WeightForm):
         inter = w.shape[0] // 2
         return cls(_pack(w[:inter].contiguous()), _pack(w[inter:].contiguous()))
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         if residual is None:
             return _linear_pointwise(x, self.packed, bias, "none")
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, bias, "add")
@@ -147,17 +133,12 @@ class SmallStepWeight(WeightForm):
 
     @classmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> SmallStepWeight:
         large = PlainWeight.from_weight(weight, plan, spec)
         return cls(weight.detach().to(torch.bfloat16), plan.small_step_rows, large)
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         if x.shape[0] > self.max_rows:
             return self.large.matmul(x, bias, residual)
         y = F.linear(x.to(torch.bfloat16), self.small).to(x.dtype)

@@ -26,9 +26,10 @@ import warnings
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ...weight_plan import WeightPlan
-from .base import PLAIN_SPEC, LinearSpec, WeightForm, add_bias_residual
+from .base import PLAIN_SPEC, LinearSpec, MaybeTensor, WeightForm, add_bias_residual
 
 INT4_GROUP_SIZE = 32  # GGUF Q4_0 / Q4_1 block size
 FP16_MAX = 65504.0
@@ -50,19 +51,14 @@ class Float16Weight(WeightForm):
 
     @classmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> Float16Weight:
         if torch.backends.quantized.engine != "fbgemm":
             torch.backends.quantized.engine = "fbgemm"
         w = weight.detach().to(torch.float32)
         return cls(torch.ops.quantized.linear_prepack_fp16(w, None), *w.shape)
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         xf = x if x.dtype == torch.float32 else x.float()
         y = torch.ops.quantized.linear_dynamic_fp16(xf, self.packed)
         y = y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -87,7 +83,7 @@ class Int8Weight(WeightForm):
 
     @classmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> Int8Weight:
         w = weight.detach().to(torch.float32)
         # The bf16 scale is what the kernel multiplies by, so codes are rounded against it.
@@ -95,12 +91,7 @@ class Int8Weight(WeightForm):
         q = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
         return cls(q.contiguous(), scale)
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         y = torch.ops.aten._weight_int8pack_mm(x.to(_COMPUTE), self.codes, self.scales)
         return add_bias_residual(y.to(x.dtype), bias, residual)
 
@@ -123,7 +114,7 @@ class Int4Weight(WeightForm):
 
     @classmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> Int4Weight:
         out_features, in_features = weight.shape
         if in_features % INT4_GROUP_SIZE:
@@ -157,12 +148,7 @@ class Int4Weight(WeightForm):
         scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
         return cls(packed, scales_and_zeros.to(_COMPUTE), in_features)
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(_COMPUTE), self.packed, INT4_GROUP_SIZE, self.scales_and_zeros
         )
@@ -196,7 +182,7 @@ class W8A8Weight(WeightForm):
 
     @classmethod
     def from_weight(
-        cls, weight: torch.Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
+        cls, weight: Tensor, plan: WeightPlan, spec: LinearSpec = PLAIN_SPEC
     ) -> W8A8Weight:
         """spec.input_max: the calibrated largest input magnitude per channel, to smooth by."""
         engine = quantized_engine()
@@ -217,12 +203,7 @@ class W8A8Weight(WeightForm):
             packed = torch.ops.quantized.linear_prepack(qweight, None)
         return cls(packed, scale, input_scale, w.numel())
 
-    def matmul(
-        self,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
         xf = x if x.dtype == torch.float32 else x.float()
         if self.input_scale is not None:
             xf = xf * self.input_scale
