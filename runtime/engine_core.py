@@ -40,7 +40,7 @@ class EngineCore:
 
     def step(self) -> ScheduledBatch:
         """One step; its batch holds the requests that advanced and those it rejected."""
-        self.batch = None
+        self.batch = None  # if deciding fails, there is no step: the engine fails what runs
         self.batch = batch = self.scheduler.schedule()
         if batch.reqs:
             fb, plans = prepare_step(self.runner, batch)
