@@ -15,7 +15,6 @@ Results: bench/results/ab_engine.jsonl.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import append_results, git_commit, print_table
+from .common import append_results, bench_parser, git_commit, print_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,12 +110,8 @@ class Side:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = bench_parser(__doc__)
     p.add_argument("--baseline", required=True, help="the commit to compare against")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="auto")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workloads", nargs="+", choices=WORKLOAD_NAMES, default=WORKLOAD_NAMES)
     args = p.parse_args(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -179,3 +180,13 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def bench_parser(doc: str | None, dtype: str = "auto") -> argparse.ArgumentParser:
+    """A bench's command line: its module docstring as the help, --model and --dtype."""
+    p = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default=dtype)
+    return p

@@ -11,7 +11,6 @@ Results: a table on stdout and JSON lines in bench/results/step_profile.jsonl.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
@@ -29,7 +28,7 @@ from ..runtime.sampling.sampler import SamplingState
 from ..runtime.scheduler.planner import prepare_step
 from ..runtime.scheduler.req import Req
 from ..runtime.tokenizer import IncrementalDetokenizer
-from .common import append_results, print_table
+from .common import append_results, bench_parser, print_table
 
 PHASES = ("schedule", "prepare", "forward", "outputs", "finish", "detokenize")
 # Operator classes of the forward, by substring of the aten op name (first match wins).
@@ -94,11 +93,7 @@ def timed_step(core: EngineCore, detoks: dict[str, IncrementalDetokenizer], t: d
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="auto")
+    p = bench_parser(__doc__)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--quantization", default=None, help="int8 | int4 | w8a8_int8")
