@@ -45,16 +45,20 @@ class DtypeChoice:
         return dataclasses.replace(self, reason=f"{self.reason}; {note}") if note else self
 
 
+def _onednn_bf16() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether oneDNN runs bfloat16 matmuls natively on this CPU (AVX512-BF16 / AMX)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return _onednn_bf16()
 
 
 def can_pack_bf16_weights() -> bool:
-    """Whether oneDNN has the bfloat16 kernels that multiply packed weights. The same probe
-    as cpu_has_native_bf16, kept apart: tests fake that one to take the other dtype branch,
-    while packing needs the kernels themselves."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    """Whether oneDNN has the bfloat16 kernels that multiply packed weights: the same probe,
+    kept apart because tests fake cpu_has_native_bf16 to take the other dtype branch, while
+    packing needs the kernels themselves."""
+    return _onednn_bf16()
 
 
 def fp16_weights_available() -> bool:

@@ -26,7 +26,6 @@ from .engine_state import (
     EngineMetrics,
     EngineUnavailable,
     EventBuffer,
-    Handle,
     QueueGate,
     events_until_final,
     final_outputs,
@@ -37,11 +36,11 @@ from .faults import Faults
 from .inbox import AbortRequest, AddRequests, CallOnEngine, Command, Event, Stop
 from .io_struct import GenerateRequest, check_prompt
 from .models.loader import resolve_checkpoint
-from .response import ResponseBuilder, StreamText, final_text
+from .outbox import Outbox
+from .response import ResponseBuilder
 from .sampling.sampler import SamplingState
 from .scheduler.req import FinishReason, Req
 from .scheduler.stop import StopSpec, compile_stops
-from .tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("stemma.engine")
 
@@ -98,10 +97,10 @@ class Engine:
         )
         self.responses = ResponseBuilder(self.tokenizer)
         self.metrics = EngineMetrics()
+        self.outbox = Outbox(self.tokenizer, self.responses, self.metrics)
         self.heap = HeapTrimmer()  # hands freed heap pages back to the OS (cpu_caches.py)
         self.check_invariants = False  # tests turn this on: check_memory() after every step
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self._handles: dict[str, Handle] = {}
         self._gate = QueueGate()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="stemma-engine", daemon=True)
@@ -332,13 +331,11 @@ class Engine:
             self._gate.moved(-len(reqs))
             for idx, req in enumerate(reqs):
                 refused = self.unavailable or f"duplicate rid {req.rid!r}"
-                if self.unavailable or req.rid in self._handles:
+                if self.unavailable or req.rid in self.outbox.handles:
                     req.finish = FinishReason.abort(refused)
                     sink((idx, self.responses.build(req, ""), True))
                     continue
-                detok = IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens)
-                stream = StreamText(detok) if request.stream else None
-                self._handles[req.rid] = Handle(idx, sink, stream)
+                self.outbox.open(req, idx, sink, request.stream)
                 self.scheduler.add(req)
                 self.metrics.on_arrival(req)
         elif isinstance(cmd, AbortRequest):
@@ -353,36 +350,8 @@ class Engine:
 
     def _emit(self, reqs: list[Req]) -> None:
         for req in reqs:
-            if (handle := self._handles.get(req.rid)) is None:
-                continue
-            try:
-                self._emit_one(req, handle)
-            except Exception as e:  # noqa: BLE001 - this request fails; the loop goes on
-                log.exception("request %s: building its response failed", req.rid)
-                req.finish = FinishReason.abort(f"engine error: {e!r}")
-                self.scheduler.abort(req.rid, req.finish.message)
-                del self._handles[req.rid]
-                self._deliver(handle, req, (handle.index, self.responses.failed(req), True))
-
-    def _emit_one(self, req: Req, handle: Handle) -> None:
-        if req.finish is not None:
-            out = self.responses.build(req, final_text(self.tokenizer, req))
-            del self._handles[req.rid]
-            self.metrics.on_finish(req)
-            self._deliver(handle, req, (handle.index, out, True))
-        elif handle.stream is not None and len(req.output_ids) > handle.stream.num_ids:
-            text = handle.stream.update(req)
-            self._deliver(handle, req, (handle.index, self.responses.build(req, text), False))
-        if req.output_ids and req.first_token_time is None:
-            self.metrics.on_first_token(req)
-
-    def _deliver(self, handle: Handle, req: Req, event: Event) -> None:
-        try:
-            handle.sink(event)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening
-            log.warning("request %s: caller went away; aborting it", req.rid)
-            if req.finish is None:
-                self._apply(AbortRequest(req.rid, "the caller's event loop closed"))
+            if (reason := self.outbox.emit(req)) is not None:
+                self._apply(AbortRequest(req.rid, reason))
 
     def _on_rank_lost(self, message: str) -> None:
         """Refuse new requests, fail all in flight (the watchdog hands it to the loop)."""

@@ -67,26 +67,18 @@ class FakeRunner:
     of the row's input token and position (so outputs repeat exactly, as greedy ones do)."""
 
     def __init__(self, cfg, vocab_size: int, context_len: int = 2048):
+        import torch
         from stemma.runtime.executor.memory import ReqToTokenPool, SlotAllocator
+        from stemma.runtime.executor.model_runner import ModelRunner
 
+        self.build_batch = ModelRunner.build_batch.__get__(self)  # the runner's own packing
+        self.device = torch.device("cpu")
         self.cfg, self.vocab_size, self.context_len = cfg, vocab_size, context_len
         self.allocator = SlotAllocator(cfg.max_total_tokens or 4096, cfg.page_size)
         self.req_to_token_pool = ReqToTokenPool(
             cfg.max_running_requests, context_len + cfg.page_size
         )
         self.weights_note = None
-
-    def build_batch(self, req_pool_idx, prefix_lens, input_ids, out_cache_loc, logit_rows=None):
-        import torch
-        from stemma.runtime.executor.forward_batch import ForwardBatch
-
-        start = 0
-        for row, prefix, ids in zip(req_pool_idx, prefix_lens, input_ids):
-            self.req_to_token_pool.write(row, prefix, out_cache_loc[start : start + len(ids)])
-            start += len(ids)
-        loc = torch.tensor(out_cache_loc, dtype=torch.int32)
-        table = self.req_to_token_pool.req_to_token
-        return ForwardBatch.build(table, req_pool_idx, prefix_lens, input_ids, loc, logit_rows)
 
     def forward(self, fb):
         import torch

@@ -25,7 +25,7 @@ HEAVY = ("torch", "numpy", "triton", "transformers")
 CHAIN = ["server", "engine", "scheduler", "executor", "models"]
 SIDE = {"sampling": {"shared"}, "constrained": {"sampling", "shared"}, "shared": set()}
 ENGINE_MODULES = {"engine", "engine_core", "engine_state", "inbox", "inprocess", "io_struct"}
-ENGINE_MODULES |= {"limits"}
+ENGINE_MODULES |= {"limits", "outbox"}
 # constraint: the public stemma.Constraint
 ENGINE_MODULES |= {"response", "constraint", "cpu_caches"}
 SHARED_MODULES = {"config", "dtype_policy", "faults", "tokenizer", "weight_plan"}
