@@ -6,9 +6,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..lang.sampling_table import GRAMMAR_BACKENDS  # one table of grammar backends
+from .scheduler.draft import MAX_DRAFT_TOKENS
 from .weight_plan import QUANTIZATION_METHODS  # the weight forms' names live with the plan
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
+SPECULATIVE_ALGORITHMS = (None, "NGRAM")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,10 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # most prompt tokens in one step
     disable_radix_cache: bool = False
     enable_jump_forward: bool = True  # append text a constraint forces without a forward
+    # Speculative decoding (scheduler/speculative.py), SGLang's flags: NGRAM drafts by prompt
+    # lookup; num_draft_tokens counts the sampled token too (at most num - 1 drafted).
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 8
     grammar_backend: str = "outlines"  # outlines | llguidance (runtime/constrained/backend.py)
     grammar_timeout_s: float = 20.0  # a constraint compiling longer fails its request
     grammar_max_index_mb: int = 256  # a compiled constraint larger than this fails its request
@@ -103,6 +109,16 @@ class EngineConfig:
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(
                 f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}"
+            )
+        if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(
+                f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} (drafts without "
+                f"a draft model), got {self.speculative_algorithm!r}"
+            )
+        if not 2 <= self.speculative_num_draft_tokens <= MAX_DRAFT_TOKENS + 1:
+            raise ValueError(
+                f"speculative_num_draft_tokens must be in [2, {MAX_DRAFT_TOKENS + 1}] (the "
+                f"sampled token and at least one draft), got {self.speculative_num_draft_tokens}"
             )
         if self.grammar_timeout_s <= 0 or self.grammar_max_index_mb < 1:
             raise ValueError("grammar_timeout_s must be > 0 and grammar_max_index_mb >= 1")

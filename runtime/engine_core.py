@@ -11,6 +11,7 @@ scheduler hands the KV of finished requests back to the cache.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from .scheduler.batch import ScheduledBatch
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.planner import prepare_step
 from .scheduler.scheduler import Scheduler
+from .scheduler.speculative import DraftBudget
 from .tokenizer import Tokenizer
 from .weight_plan import WeightPlan, plan_weights
 
@@ -41,11 +43,14 @@ class EngineCore:
     def step(self) -> ScheduledBatch:
         """One step; its batch holds the requests that advanced and those it rejected."""
         self.batch = None  # if deciding fails, there is no step: the engine fails what runs
+        start = time.perf_counter()
         self.batch = batch = self.scheduler.schedule()
         if batch.reqs:
             fb, plans = prepare_step(self.runner, batch)
             self.outputs.process(batch, plans, self.runner.forward(fb))
         self.scheduler.finish_step(batch)
+        if self.outputs.budget is not None:  # drafting decides from the steps it measured
+            self.outputs.budget.observe(batch, time.perf_counter() - start)
         return batch
 
 
@@ -54,7 +59,12 @@ def build_core(
 ) -> EngineCore:
     """The sampler, output processor and scheduler over a built runner."""
     sampler = Sampler(vocab_size, tokenizer.eos_token_ids, cfg.random_seed)
-    outputs = OutputProcessor(tokenizer, sampler, runner.context_len, cfg.enable_jump_forward)
+    budget = None
+    if cfg.speculative_algorithm == "NGRAM":
+        budget = DraftBudget(max_tokens=cfg.speculative_num_draft_tokens - 1)
+    outputs = OutputProcessor(
+        tokenizer, sampler, runner.context_len, cfg.enable_jump_forward, budget
+    )
     return EngineCore(runner, outputs, Scheduler(cfg, runner, outputs.matcher_for))
 
 

@@ -190,6 +190,10 @@ class EngineMetrics:
     cached_tokens: int = 0
     num_steps: int = 0
     num_forward_tokens: int = 0
+    spec_verify_ct: int = 0  # decode forwards of finished requests that had drafts
+    spec_proposed: int = 0  # their draft tokens proposed
+    spec_correct: int = 0  # and verified
+    spec_tokens: int = 0  # their output tokens
     ttft: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     tpot: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     e2e: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
@@ -212,6 +216,11 @@ class EngineMetrics:
         self.prompt_tokens += len(req.input_ids)
         self.generation_tokens += len(req.output_ids)
         self.cached_tokens += req.cached_tokens
+        if req.num_draft_tokens:
+            self.spec_verify_ct += req.num_decode_steps
+            self.spec_proposed += req.num_draft_tokens
+            self.spec_correct += req.num_forced_tokens
+            self.spec_tokens += len(req.output_ids)
         self.e2e.append(now - req.arrival_time)
         if req.first_token_time is not None and len(req.output_ids) > 1:
             self.tpot.append((now - req.first_token_time) / (len(req.output_ids) - 1))
@@ -228,6 +237,11 @@ class EngineMetrics:
             "cached_tokens": self.cached_tokens,
             "num_steps": self.num_steps,
             "num_forward_tokens": self.num_forward_tokens,
+            "spec_verify_ct": self.spec_verify_ct,
+            "spec_num_proposed_drafts": self.spec_proposed,
+            "spec_num_correct_drafts": self.spec_correct,
+            "spec_accept_rate": self.spec_correct / max(self.spec_proposed, 1),
+            "spec_accept_length": self.spec_tokens / max(self.spec_verify_ct, 1),
             "num_retractions": scheduler.num_retractions,
             "kv_capacity": alloc.capacity,
             "kv_free": alloc.num_free,

@@ -87,4 +87,10 @@ class ResponseBuilder:
         }
         if req.finish is not None and req.finish.closed_early:
             meta["closed_early"] = True  # constrained/closing.py: valid, ended at the budget
+        if req.num_draft_tokens and req.num_decode_steps:  # drafts verified: SGLang's keys
+            meta["spec_verify_ct"] = req.num_decode_steps
+            meta["spec_num_proposed_drafts"] = req.num_draft_tokens
+            meta["spec_num_correct_drafts"] = req.num_forced_tokens
+            meta["spec_accept_rate"] = req.num_forced_tokens / req.num_draft_tokens
+            meta["spec_accept_length"] = len(req.output_ids) / req.num_decode_steps
         return meta

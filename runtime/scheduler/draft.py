@@ -61,6 +61,7 @@ def make_draft(req: Req, sources: list[DraftSource], context_len: int) -> None:
     for source in sources:
         if proposed := source.propose(req):
             req.draft = proposed[:room]
+            req.num_draft_tokens += len(req.draft)
             return
 
 

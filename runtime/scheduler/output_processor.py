@@ -23,6 +23,7 @@ from .batch import ScheduledBatch
 from .draft import ConstraintDraft, DraftSource, accept_into_grammar, drop_draft, make_draft
 from .planner import RowPlan
 from .req import FinishKind, FinishReason, Req
+from .speculative import DraftBudget, NGramDraft
 from .stop import StopMatcher, StopSpec
 
 log = logging.getLogger("stemma.outputs")
@@ -30,14 +31,23 @@ log = logging.getLogger("stemma.outputs")
 
 class OutputProcessor:
     def __init__(
-        self, tokenizer: Tokenizer, sampler: Sampler, context_len: int, jump_forward: bool = True
+        self,
+        tokenizer: Tokenizer,
+        sampler: Sampler,
+        context_len: int,
+        jump_forward: bool = True,
+        speculative: DraftBudget | None = None,
     ):
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.context_len = context_len
         self.eos_ids = tokenizer.eos_token_ids
-        # Where drafts come from, first proposal wins; jump-forward off: no drafts at all.
+        # Where drafts come from, first proposal wins: the text a constraint forces
+        # (jump-forward), then prompt lookup (speculative decoding, when on).
         self.drafts: list[DraftSource] = [ConstraintDraft(tokenizer)] if jump_forward else []
+        self.budget = speculative
+        if speculative is not None:
+            self.drafts.append(NGramDraft(speculative))
         self._closing_tokens: ClosingTokens | None = None  # built on first use
 
     def matcher_for(self, req: Req, matcher: Any) -> Any:
@@ -67,6 +77,8 @@ class OutputProcessor:
             for r, p in zip(batch.reqs, plans)
             if p.num_sample and r.finish is None
         ]
+        for req, _ in active:
+            req.num_decode_steps += 1
         round_idx = 0
         while active:  # round r: position r of every request still verifying
             active = self.sample_round(active, round_idx, logits)
@@ -133,6 +145,7 @@ class OutputProcessor:
     def advance(self, req: Req, token: int, confirmed: bool, r: int, out, i: int) -> None:
         """Append round r's sampled token to one request and check whether it finished."""
         if not confirmed:
+            req.num_drafts_cut += r < len(req.draft)
             drop_draft(req, r)
         self.append_token(req, token, out.logprobs[i], out.top_logprobs, i)
         req.num_forced_tokens += confirmed

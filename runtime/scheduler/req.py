@@ -19,6 +19,7 @@ from ..sampling.sampler import SamplingState
 if TYPE_CHECKING:
     from ...radix import RadixNode
     from ..constrained.backend import GrammarHandleLike, GrammarMatcher
+    from .speculative import NGramIndex
     from .stop import StopMatcher
 
 
@@ -92,6 +93,10 @@ class Req:
     grammar: GrammarMatcher | None = None  # its matcher (backend.py), once compiled
     draft: list[int] = field(default_factory=list)  # forced by the constraint, not yet verified
     num_forced_tokens: int = 0  # verified draft tokens (they needed no forward of their own)
+    num_draft_tokens: int = 0  # draft tokens proposed (speculative.py; SGLang's spec_* counts)
+    num_drafts_cut: int = 0  # drafts the model refused before their end
+    num_decode_steps: int = 0  # forwards that sampled for this request (SGLang's spec_verify_ct)
+    ngrams: NGramIndex | None = None  # its tokens' n-grams, for prompt lookup drafts
     stop: StopMatcher | None = None  # its stop strings and regexes over the decoded output
 
     # Logprobs gathered so far: (logprob, token_id) and per-position top lists.

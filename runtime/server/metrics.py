@@ -53,6 +53,9 @@ class _EngineCollector:
             ("stemma_generation_tokens", "generation_tokens", "Generated tokens"),
             ("stemma_cached_tokens", "cached_tokens", "Prompt tokens served from the cache"),
             ("stemma_retractions", "num_retractions", "Requests retracted under KV pressure"),
+            ("stemma_spec_verify_calls", "spec_verify_ct", "Decode forwards verifying drafts"),
+            ("stemma_spec_proposed_drafts", "spec_num_proposed_drafts", "Draft tokens proposed"),
+            ("stemma_spec_correct_drafts", "spec_num_correct_drafts", "Draft tokens verified"),
         ):
             yield CounterMetricFamily(name, doc, value=s[key])
         finished = CounterMetricFamily(
@@ -66,6 +69,16 @@ class _EngineCollector:
             ("stemma_num_running_requests", s["num_running"], "Requests running"),
             ("stemma_num_waiting_requests", s["num_waiting"], "Requests waiting"),
             ("stemma_kv_usage", s["kv_usage"], "Fraction of KV slots not free"),
+            (
+                "stemma_spec_accept_rate",
+                s["spec_accept_rate"],
+                "Draft tokens verified / proposed (finished requests with drafts)",
+            ),
+            (
+                "stemma_spec_accept_length",
+                s["spec_accept_length"],
+                "Output tokens per decode forward (finished requests with drafts)",
+            ),
             ("stemma_kv_capacity_tokens", s["kv_capacity"], "KV slots in the pool"),
             ("stemma_cache_evictable_tokens", s["cache_evictable"], "Cached, unlocked slots"),
             (

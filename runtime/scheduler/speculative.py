@@ -1,0 +1,162 @@
+"""Speculative decoding without a draft model: SGLang's NGRAM algorithm (prompt lookup).
+
+`NGramDraft` proposes what followed the most recent earlier occurrence of the request's last
+n tokens (n from `MAX_NGRAM` down to `MIN_NGRAM`) in its own prompt and output: a rewrite of
+a given text, code edited in place, a quoted document, a multi-turn chat that repeats itself.
+Drafts are verified like every draft (draft.py): the output is what decoding without them
+gives, so a wrong draft costs only its rows in the forward.
+
+How many tokens to draft is decided per request and step by `DraftBudget`, from two
+measurements: the request's acceptance so far (a geometric model: each draft token stands
+with probability `a` once those before it stood) and the step's cost in rows (`StepCost`,
+fitted to the engine's own steps). The j-th draft token is worth its row when the token it
+saves, a^j of a step's time per request, costs more than the row: a^j * T(B) / B > c, for a
+step of B rows taking T(B) seconds and c seconds per extra row. So a one-request step on a
+CPU, where weights dominate and a row costs about 1% of the step, drafts whenever anything
+matches; a large batch, already compute-bound, drafts only what almost always stands.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .req import Req
+
+if TYPE_CHECKING:
+    from .batch import ScheduledBatch
+
+MIN_NGRAM, MAX_NGRAM = 2, 4  # suffix lengths looked up, longest first
+COST_WINDOW = 256  # steps the row-cost fit remembers
+
+
+class NGramIndex:
+    """For every n-gram (n <= max_n) of a token sequence, where its latest occurrence ends;
+    the sequence's own last n tokens are entered only once a token follows them, so a lookup
+    finds an earlier occurrence and the tokens after it."""
+
+    __slots__ = ("tokens", "ends", "max_n")
+
+    def __init__(self, max_n: int = MAX_NGRAM) -> None:
+        self.tokens: list[int] = []
+        self.ends: dict[tuple[int, ...], int] = {}
+        self.max_n = max_n
+
+    def extend(self, new: list[int]) -> None:
+        tokens, ends = self.tokens, self.ends
+        for token in new:
+            i = len(tokens)
+            for n in range(1, min(self.max_n, i) + 1):
+                ends[tuple(tokens[i - n : i])] = i  # the n-gram before position i
+            tokens.append(token)
+
+    def lookup(self, max_tokens: int, min_n: int = MIN_NGRAM) -> list[int]:
+        """Up to max_tokens tokens that followed the longest matching suffix, [] if none."""
+        tokens, size = self.tokens, len(self.tokens)
+        for n in range(min(self.max_n, size), min_n - 1, -1):
+            end = self.ends.get(tuple(tokens[size - n :]))
+            if end is not None:
+                return tokens[end : end + max_tokens]
+        return []
+
+
+class StepCost:
+    """Seconds a step takes against the rows it computes, fitted by least squares over the
+    recent decode steps: T(rows) = base + per_row * rows. Until the rows have varied, the
+    extra row is taken as free (drafting then makes them vary)."""
+
+    def __init__(self, window: int = COST_WINDOW) -> None:
+        self.samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self.base, self.per_row = 0.0, 0.0
+
+    def record(self, rows: int, seconds: float) -> None:
+        self.samples.append((rows, seconds))
+        n = len(self.samples)
+        mean_r = sum(r for r, _ in self.samples) / n
+        mean_t = sum(t for _, t in self.samples) / n
+        var = sum((r - mean_r) ** 2 for r, _ in self.samples)
+        if var > 0:
+            cov = sum((r - mean_r) * (t - mean_t) for r, t in self.samples)
+            self.per_row = max(cov / var, 0.0)
+        self.base = max(mean_t - self.per_row * mean_r, 0.0)
+
+    def seconds(self, rows: int) -> float:
+        return self.base + self.per_row * rows
+
+
+@dataclass(slots=True)
+class DraftBudget:
+    """How many draft tokens a request gets this step (see the module)."""
+
+    max_tokens: int  # --speculative-num-draft-tokens minus the token the step samples anyway
+    cost: StepCost = field(default_factory=StepCost)
+    batch_size: int = 1  # requests in the last decode step (the batch a draft will join)
+
+    def observe(self, batch: ScheduledBatch, seconds: float) -> None:
+        """One step's wall time; only decode steps (drafts included) enter the fit."""
+        if batch.reqs and not any(batch.is_prefill):
+            self.batch_size = len(batch.reqs)
+            self.cost.record(sum(batch.num_new), seconds)
+
+    def length(self, req: Req) -> int:
+        if self.max_tokens <= 0:
+            return 0
+        row = self.cost.per_row
+        per_token = self.cost.seconds(self.batch_size) / self.batch_size  # a sampled token's
+        if row <= 0 or per_token <= 0:
+            return self.max_tokens
+        # the j-th token pays while a^j * per_token > row: j < log(row / per_token) / log(a)
+        worth = math.log(row / per_token) / math.log(acceptance(req))
+        return max(0, min(self.max_tokens, math.ceil(worth) - 1))
+
+
+def acceptance(req: Req) -> float:
+    """The chance a draft token stands once those before it did: stood / (stood + cut),
+    with one of each assumed before any is seen."""
+    return (req.num_forced_tokens + 1) / (req.num_forced_tokens + req.num_drafts_cut + 2)
+
+
+class NGramDraft:
+    """Prompt lookup over the request's verified tokens (prompt and output), as long as the
+    budget allows; a constrained request's draft ends before the first token its grammar
+    refuses."""
+
+    def __init__(self, budget: DraftBudget, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM):
+        self.budget, self.min_n, self.max_n = budget, min_n, max_n
+
+    def propose(self, req: Req) -> list[int]:
+        limit = self.budget.length(req)
+        if limit <= 0:
+            return []
+        index = req.ngrams
+        if index is None:
+            index = req.ngrams = NGramIndex(self.max_n)
+        done = len(index.tokens)
+        size = len(req.input_ids) + len(req.output_ids)
+        if done < len(req.input_ids):
+            index.extend(req.input_ids[done:])
+            done = len(req.input_ids)
+        if done < size:
+            index.extend(req.output_ids[done - len(req.input_ids) :])
+        draft = index.lookup(limit, self.min_n)
+        if draft and req.grammar is not None:
+            draft = allowed_prefix(req.grammar, draft)
+        return draft
+
+
+def allowed_prefix(matcher, draft: list[int]) -> list[int]:
+    """The draft up to the first token the constraint refuses (the matcher is left where it
+    was)."""
+    taken = 0
+    try:
+        for token in draft:
+            if matcher.is_finished() or not matcher.allows(token):
+                break
+            matcher.accept_token(token)
+            taken += 1
+    finally:
+        if taken:
+            matcher.rollback(taken)
+    return draft[:taken]

@@ -1,0 +1,247 @@
+"""Speculative decoding by prompt lookup (SGLang's NGRAM): drafts from the request's own
+tokens, verified in the forward that computes their K/V, so the output is what decoding
+without drafts gives; the draft length follows measured acceptance and step cost."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from stemma.runtime.config import EngineConfig
+from stemma.runtime.engine import Engine
+from stemma.runtime.sampling.params import SamplingParams
+from stemma.runtime.sampling.sampler import SamplingState
+from stemma.runtime.scheduler.req import Req
+from stemma.runtime.scheduler.speculative import (
+    DraftBudget,
+    NGramDraft,
+    NGramIndex,
+    StepCost,
+    acceptance,
+)
+
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff for more than a century. Every night "
+    "its lamp turned slowly, sweeping a pale beam across the black water, warning ships away "
+    "from the rocks below. The keeper climbed the narrow stairs each evening to trim the wick."
+)
+
+
+def make_req(input_ids: list[int], output_ids: list[int] = ()) -> Req:
+    params = SamplingParams(max_new_tokens=64)
+    sampling = SamplingState.create(params, list(input_ids), 128)
+    req = Req(rid="r", input_ids=list(input_ids), params=params, sampling=sampling)
+    req.output_ids = list(output_ids)
+    return req
+
+
+# ---- the index and the draft source ---------------------------------------------------------
+def test_lookup_finds_the_latest_earlier_occurrence_longest_suffix_first():
+    index = NGramIndex(max_n=3)
+    index.extend([1, 2, 3, 4, 9, 2, 3, 5, 7, 1, 2, 3])
+    # suffix (1, 2, 3) occurred at 0..2, followed by 4 9 2
+    assert index.lookup(3) == [4, 9, 2]
+    index.extend([6])
+    assert index.lookup(3) == []  # (3, 6) and (6,) with min_n 2: never seen before
+    index.extend([1, 2])
+    # (6, 1, 2) never; (1, 2) latest at 9..10, followed by 3 6 1
+    assert index.lookup(3) == [3, 6, 1]
+    # the suffix itself is not its own earlier occurrence
+    fresh = NGramIndex()
+    fresh.extend([4, 5])
+    assert fresh.lookup(4) == []
+
+
+def test_draft_source_follows_prompt_and_output_incrementally():
+    budget = DraftBudget(max_tokens=4)
+    source = NGramDraft(budget)
+    req = make_req([10, 11, 12, 13, 14, 15, 16], [20, 11, 12])
+    assert source.propose(req) == [13, 14, 15, 16]
+    req.output_ids += [13, 99]
+    assert source.propose(req) == []  # (13, 99) never seen
+    assert req.ngrams is not None and req.ngrams.tokens == [*req.input_ids, *req.output_ids]
+
+
+class _Grammar:
+    """Allows only even tokens; records that it is left where it was."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+
+    def is_finished(self) -> bool:
+        return False
+
+    def allows(self, token: int) -> bool:
+        return token % 2 == 0
+
+    def accept_token(self, token: int) -> None:
+        self.accepted.append(token)
+
+    def rollback(self, n: int) -> None:
+        del self.accepted[len(self.accepted) - n :]
+
+
+def test_constrained_draft_ends_before_the_first_refused_token():
+    req = make_req([2, 4, 6, 8, 7, 10, 2, 4])
+    req.grammar = _Grammar()
+    assert NGramDraft(DraftBudget(max_tokens=8)).propose(req) == [6, 8]
+    assert req.grammar.accepted == []
+
+
+# ---- how much to draft, from injected measurements ---------------------------------------------
+def fitted(base: float, per_row: float) -> StepCost:
+    cost = StepCost()
+    for rows in (1, 2, 4, 8, 1, 3):
+        cost.record(rows, base + per_row * rows)
+    return cost
+
+
+def test_step_cost_fits_base_and_per_row():
+    cost = fitted(0.030, 0.0005)
+    assert cost.base == pytest.approx(0.030)
+    assert cost.per_row == pytest.approx(0.0005)
+    flat = StepCost()
+    for _ in range(4):
+        flat.record(1, 0.03)
+    assert flat.per_row == 0.0  # rows never varied: no slope measured
+
+
+def test_budget_drafts_while_a_draft_token_pays_for_its_row():
+    req = make_req([1, 2, 3])
+    # a one-request CPU step: 30 ms, a row 0.5 ms: drafts whenever anything may stand
+    cheap = DraftBudget(max_tokens=7, cost=fitted(0.030, 0.0005), batch_size=1)
+    assert cheap.length(req) == 5  # nothing seen yet: a = 1/2, and 0.5^6 * 30.5 ms < 0.5 ms
+    req.num_forced_tokens = 50
+    assert cheap.length(req) == 7
+    req.num_forced_tokens = 0
+    # a large batch, compute-bound: a row costs about what a sampled token does
+    bound = DraftBudget(max_tokens=7, cost=fitted(0.002, 0.0015), batch_size=64)
+    assert bound.length(req) == 0
+    # acceptance decides in between: a^j * per_token > row
+    mid = DraftBudget(max_tokens=16, cost=fitted(0.010, 0.001), batch_size=4)
+    per_token = (0.010 + 0.004) / 4
+    req.num_forced_tokens, req.num_drafts_cut = 98, 0  # a = 0.99
+    good = mid.length(req)
+    req.num_forced_tokens, req.num_drafts_cut = 0, 98  # a = 0.01
+    poor = mid.length(req)
+    assert good == 16 and poor == 0
+    req.num_forced_tokens, req.num_drafts_cut = 8, 8  # a = 0.5
+    a = acceptance(req)
+    expect = max(j for j in range(17) if j == 0 or a**j * per_token > 0.001)
+    assert mid.length(req) == expect > 0
+    # no slope measured yet: rows are taken as free
+    assert DraftBudget(max_tokens=5).length(req) == 5
+
+
+def test_config_takes_sglang_flags_and_refuses_others():
+    cfg = EngineConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=16)
+    assert cfg.speculative_num_draft_tokens == 16
+    with pytest.raises(ValueError, match="speculative_algorithm must be one of.*'EAGLE'"):
+        EngineConfig(speculative_algorithm="EAGLE")
+    with pytest.raises(ValueError, match=r"speculative_num_draft_tokens must be in \[2, 65\].*1"):
+        EngineConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=1)
+    from stemma.runtime.server.app import build_parser
+
+    args = build_parser().parse_args(
+        ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
+    )
+    assert (args.speculative_algorithm, args.speculative_num_draft_tokens) == ("NGRAM", 4)
+
+
+# ---- the engine: exact output, fewer forwards ---------------------------------------------------
+def rewrite_prompt(engine: Engine) -> str:
+    ask = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"
+    return engine.apply_chat_template([{"role": "user", "content": ask}])
+
+
+def test_greedy_float64_equals_decoding_without_drafts_in_fewer_forwards():
+    """A rewrite, a free-text request and a constrained one in one batch, in float64."""
+    outs, steps, metrics = {}, {}, {}
+    for algo in (None, "NGRAM"):
+        cfg = {"dtype": "float64", "kv_cache_mb": 64, "speculative_algorithm": algo}
+        with Engine("smollm2-135m", **cfg) as e:
+            texts = [
+                rewrite_prompt(e),
+                e.apply_chat_template([{"role": "user", "content": "Tell me a fact."}]),
+                e.apply_chat_template([{"role": "user", "content": "Pick a color."}]),
+            ]
+            params = [
+                {"max_new_tokens": 48, "temperature": 0},
+                {"max_new_tokens": 24, "temperature": 0},
+                {"max_new_tokens": 24, "temperature": 0, "regex": "(red|green|blue)( ok)*"},
+            ]
+            outs[algo] = e.generate(texts, params)
+            steps[algo] = e.get_metrics()["num_steps"]
+            metrics[algo] = e.get_metrics()
+    assert [o["output_ids"] for o in outs["NGRAM"]] == [o["output_ids"] for o in outs[None]]
+    assert steps["NGRAM"] < steps[None]
+    meta = outs["NGRAM"][0]["meta_info"]
+    assert meta["spec_num_correct_drafts"] > 0
+    assert meta["spec_accept_length"] > 1.5
+    assert meta["spec_verify_ct"] < meta["completion_tokens"]
+    assert 0 < meta["spec_accept_rate"] <= 1
+    assert "spec_verify_ct" not in outs[None][0]["meta_info"]
+    assert metrics["NGRAM"]["spec_num_correct_drafts"] >= meta["spec_num_correct_drafts"]
+
+
+def test_seeded_sampling_draws_the_same_tokens():
+    ids = {}
+    for algo in (None, "NGRAM"):
+        with Engine("smollm2-135m", kv_cache_mb=64, speculative_algorithm=algo) as e:
+            out = e.generate(
+                rewrite_prompt(e), {"max_new_tokens": 40, "temperature": 0.7, "seed": 11}
+            )
+            ids[algo] = out["output_ids"]
+            if algo:
+                assert out["meta_info"]["spec_num_correct_drafts"] > 0
+    assert ids["NGRAM"] == ids[None]
+
+
+def chi2_p_value(a: Counter, b: Counter) -> float:
+    """Two-sample chi-square test of equal distributions (bins with few counts pooled)."""
+    keys = sorted(set(a) | set(b), key=lambda k: -(a[k] + b[k]))
+    rows, rest = [], [0, 0]
+    for k in keys:
+        if a[k] + b[k] >= 10:
+            rows.append([a[k], b[k]])
+        else:
+            rest[0] += a[k]
+            rest[1] += b[k]
+    if sum(rest):
+        rows.append(rest)
+    table = torch.tensor(rows, dtype=torch.float64)
+    if table.shape[0] < 2:
+        return 1.0
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    stat = ((table - expected) ** 2 / expected).sum()
+    df = torch.tensor((table.shape[0] - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(df, stat / 2))
+
+
+def test_unseeded_sampling_keeps_the_distribution():
+    """Without seeds the draws differ, but each position's distribution and the joint one of
+    the first two tokens stay the model's, with drafts standing and cut along the way."""
+    n, new = 192, 6
+    samples, metrics = {}, {}
+    for algo, seed in ((None, 1), ("NGRAM", 2)):
+        with Engine(  # eight at a time: a batch where drafting pays (see the budget test)
+            "smollm2-135m",
+            kv_cache_mb=128,
+            random_seed=seed,
+            speculative_algorithm=algo,
+            max_running_requests=8,
+        ) as e:
+            params = {"max_new_tokens": new, "temperature": 1.0, "ignore_eos": True}
+            outs = e.generate([rewrite_prompt(e)] * n, [params] * n)
+            samples[algo] = [o["output_ids"] for o in outs]
+            metrics[algo] = e.get_metrics()
+    spec = metrics["NGRAM"]
+    assert spec["spec_num_correct_drafts"] > n  # drafts stood ...
+    assert spec["spec_num_correct_drafts"] < spec["spec_num_proposed_drafts"]  # ... and were cut
+    for pos in range(new):
+        a = Counter(s[pos] for s in samples[None])
+        b = Counter(s[pos] for s in samples["NGRAM"])
+        assert chi2_p_value(a, b) > 1e-4, pos
+    pairs = [Counter(tuple(s[:2]) for s in samples[k]) for k in (None, "NGRAM")]
+    assert chi2_p_value(*pairs) > 1e-4
