@@ -2,6 +2,7 @@
 
   pip install xllamacpp            # llama.cpp's server as a wheel; a bench-only extra
   python -m stemma.bench.anchors [--rounds 3] [--stemma-args "--quantization int4"]
+  python -m stemma.bench.anchors --workloads single,rewrite,chat --speculative
 
 Both servers run as subprocesses on loopback with the machine's threads (llama.cpp: one
 thread per core, a slot per concurrent request), and one client drives both with the same
@@ -11,6 +12,10 @@ llama.cpp's seconds over stemma's (above 1 = stemma faster).
   single:     one chat request, ~50-token prompt, 128 new tokens; output tokens/s
   chat:       8 conversations x 4 turns x 40 new tokens, the conversations concurrent
   parallel32: 32 concurrent requests, distinct ~200-token prompts, 64 new tokens
+  rewrite:    one request: a ~300-token code block to repeat with one change, 320 new tokens
+With --speculative a second stemma server runs beside the first with the same flags plus
+`--speculative-algorithm NGRAM` (prompt lookup drafts), interleaved with the others; its
+rows also give the ratio of its seconds to the first's (spec_speedup, above 1 = faster).
 """
 
 from __future__ import annotations
@@ -37,6 +42,38 @@ PASSAGE = (
     "aloud, polishing the great lens, and writing the weather into a leather log book. "
 )
 TOPICS = ["tides", "storms", "ships", "birds", "lamps", "maps", "fog", "stars"]
+CODE = '''import json
+from pathlib import Path
+
+
+def parse_config(path, defaults=None):
+    """Read a JSON config file and fill in the defaults it does not set."""
+    settings = dict(defaults or {})
+    text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be an object")
+    for key, value in data.items():
+        if key.startswith("_"):
+            continue
+        settings[key] = value
+    return settings
+
+
+def merge_configs(paths, defaults=None):
+    """Parse every config in order; later files win."""
+    merged = dict(defaults or {})
+    for path in paths:
+        merged.update(parse_config(path))
+    return merged
+
+
+def save_config(path, settings):
+    """Write the settings back, sorted, with a trailing newline."""
+    text = json.dumps(settings, indent=2, sort_keys=True)
+    Path(path).write_text(text + "\\n", encoding="utf-8")
+    return len(text)
+'''
 
 LLAMA_SERVER = """
 import sys, time, xllamacpp as x
@@ -90,14 +127,20 @@ class LlamaServer:
 def start_servers(args: argparse.Namespace) -> dict[str, tuple[subprocess.Popen, str]]:
     if importlib.util.find_spec("xllamacpp") is None:
         raise SystemExit("llama.cpp's server is not installed: pip install xllamacpp")
-    stemma_cmd = [sys.executable, "-m", "stemma", "serve", "--port", "18182"]
-    stemma_cmd += shlex.split(args.stemma_args)
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    stemma = subprocess.Popen(stemma_cmd, **quiet)
+    variants = {"stemma": (18182, [])}
+    if args.speculative:
+        variants["stemma-ngram"] = (18183, ["--speculative-algorithm", "NGRAM"])
+    started = {}
+    for name, (port, extra) in variants.items():
+        cmd = [sys.executable, "-m", "stemma", "serve", "--port", str(port)]
+        cmd += shlex.split(args.stemma_args) + extra
+        started[name] = (subprocess.Popen(cmd, **quiet), f"http://127.0.0.1:{port}")
     llama = LlamaServer(18181)
     llama.start()
-    wait_healthy("stemma", stemma, "http://127.0.0.1:18182")
-    return {"llama.cpp": (llama.proc, llama.url), "stemma": (stemma, "http://127.0.0.1:18182")}
+    for name, (proc, url) in started.items():
+        wait_healthy(name, proc, url)
+    return {"llama.cpp": (llama.proc, llama.url), **started}
 
 
 def wait_healthy(name: str, proc: subprocess.Popen, url: str, timeout_s: float = 300) -> None:
@@ -144,6 +187,14 @@ def run_conversation(client: httpx.Client, url: str, topic: str, salt: int) -> i
     return total
 
 
+def run_rewrite(client: httpx.Client, url: str, salt: int) -> int:
+    ask = (
+        f"({salt}) Rewrite this code with the function parse_config renamed to load_config. "
+        f"Reply with the whole code only.\n\n```python\n{CODE}```"
+    )
+    return chat(client, url, [{"role": "user", "content": ask}], 320)[1]
+
+
 def run_parallel(client: httpx.Client, url: str, salt: int) -> int:
     def one(i: int) -> int:
         ask = f"({salt}-{i}) " + PASSAGE * 5 + f"Summarize this in the voice of number {i}."
@@ -161,6 +212,8 @@ def run_workload(name: str, url: str, salt: int) -> tuple[float, int]:
         start = time.perf_counter()
         if name == "single":
             tokens = run_single(client, url, salt)
+        elif name == "rewrite":
+            tokens = run_rewrite(client, url, salt)
         elif name == "chat":
             with ThreadPoolExecutor(8) as pool:
                 runs = pool.map(lambda t: run_conversation(client, url, t, salt), TOPICS)
@@ -170,11 +223,21 @@ def run_workload(name: str, url: str, salt: int) -> tuple[float, int]:
         return time.perf_counter() - start, tokens
 
 
+def median_ratio(seconds: dict[str, list[float]], slow: str, fast: str) -> float:
+    """The median over rounds of `slow`'s seconds over `fast`'s."""
+    return round(statistics.median(a / b for a, b in zip(seconds[slow], seconds[fast])), 3)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m stemma.bench.anchors")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workloads", default="single,chat,parallel32")
     p.add_argument("--stemma-args", default="", help="extra `stemma serve` flags")
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="also run stemma with --speculative-algorithm NGRAM, interleaved",
+    )
     args = p.parse_args(argv)
     servers = start_servers(args)
     rows: list[dict[str, Any]] = []
@@ -190,16 +253,19 @@ def main(argv: list[str] | None = None) -> None:
                     t, n = run_workload(name, servers[s][1], salt=r)
                     seconds[s].append(round(t, 3))
                     tokens[s].append(n)
-            ratio = statistics.median(
-                a / b for a, b in zip(seconds["llama.cpp"], seconds["stemma"], strict=True)
-            )
+            ratio = median_ratio(seconds, "llama.cpp", "stemma")
             row: dict[str, Any] = {"workload": name, "cpu_isa": cpu_isa()}
             for s in servers:
                 row[f"{s}_s"] = statistics.median(seconds[s])
                 tok_s = statistics.median(n / t for n, t in zip(tokens[s], seconds[s]))
                 row[f"{s}_tok_s"] = round(tok_s, 1)
+            if "stemma-ngram" in servers:
+                row["ngram_speedup_vs_llama.cpp"] = median_ratio(
+                    seconds, "llama.cpp", "stemma-ngram"
+                )
+                row["spec_speedup"] = median_ratio(seconds, "stemma", "stemma-ngram")
             row |= {
-                "speedup_vs_llama.cpp": round(ratio, 3),
+                "speedup_vs_llama.cpp": ratio,
                 "stemma_args": args.stemma_args,
                 "seconds": seconds,
                 "completion_tokens": tokens,

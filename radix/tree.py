@@ -118,6 +118,33 @@ class RadixTree(TreeCore):
             self._add_leaf(node, q[i:], s[i:], tick)
         return InsertResult(num_cached, dups)
 
+    def continuation(self, node: RadixNode, tokens: Sequence[int], max_tokens: int) -> list[int]:
+        """What the tree holds after `node`'s prefix and then `tokens`: up to max_tokens
+        tokens along the most recently used path ([] where the tree does not hold
+        `tokens` there). Read-only: no split, no LRU refresh, no counters."""
+        self._require_attached(node)
+        q, ps, i, out = list(tokens), self.page_size, 0, []
+        while len(out) < max_tokens:
+            if i < len(q):
+                rest = q[i:]
+                child = node.children.get(rest[0] if ps == 1 else tuple(rest[:ps]))
+                if child is None and len(rest) < ps:
+                    child = self._covering_child(node, rest)
+                if child is None:
+                    return []
+                cp = common_prefix_len(child.key, q, i)
+                if cp < min(len(child.key), len(rest)):
+                    return []  # the tree went another way
+                i += cp
+                out += child.key[cp : cp + max_tokens - len(out)]
+            else:
+                if not node.children:
+                    break
+                child = max(node.children.values(), key=lambda c: c.last_access)
+                out += child.key[: max_tokens - len(out)]
+            node = child
+        return out
+
     def lock(self, node: RadixNode) -> None:
         """Protect node's path from eviction while a request reads it (no-op on a root)."""
         self._require_attached(node)

@@ -25,7 +25,7 @@ from .scheduler.batch import ScheduledBatch
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.planner import prepare_step
 from .scheduler.scheduler import Scheduler
-from .scheduler.speculative import DraftBudget
+from .scheduler.speculative import DraftBudget, RadixDraft
 from .tokenizer import Tokenizer
 from .weight_plan import WeightPlan, plan_weights
 
@@ -65,7 +65,10 @@ def build_core(
     outputs = OutputProcessor(
         tokenizer, sampler, runner.context_len, cfg.enable_jump_forward, budget
     )
-    return EngineCore(runner, outputs, Scheduler(cfg, runner, outputs.matcher_for))
+    scheduler = Scheduler(cfg, runner, outputs.matcher_for)
+    if budget is not None and scheduler.tree is not None:  # before prompt lookup: exact history
+        outputs.drafts.insert(len(outputs.drafts) - 1, RadixDraft(budget, scheduler.tree))
+    return EngineCore(runner, outputs, scheduler)
 
 
 def load_runner(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from .req import Req
 
 if TYPE_CHECKING:
+    from ...radix import RadixTree
     from .batch import ScheduledBatch
 
 MIN_NGRAM, MAX_NGRAM = 2, 4  # suffix lengths looked up, longest first
@@ -141,6 +142,33 @@ class NGramDraft:
         if done < size:
             index.extend(req.output_ids[done - len(req.input_ids) :])
         draft = index.lookup(limit, self.min_n)
+        if draft and req.grammar is not None:
+            draft = allowed_prefix(req.grammar, draft)
+        return draft
+
+
+class RadixDraft:
+    """What earlier requests wrote after this request's exact sequence so far: the radix
+    cache holds every finished request's prompt and output, so a request that repeats one
+    (a retried call, an agent step that recurs, the same question again) drafts the rest of
+    the earlier answer along the most recently used path."""
+
+    def __init__(self, budget: DraftBudget, tree: RadixTree):
+        self.budget, self.tree = budget, tree
+
+    def propose(self, req: Req) -> list[int]:
+        node = req.last_node
+        if node is None or not node.is_attached:
+            return []
+        limit = self.budget.length(req)
+        if limit <= 0:
+            return []
+        start, prompt = req.num_tree_slots, len(req.input_ids)
+        if start < prompt:
+            after = req.input_ids[start:] + req.output_ids
+        else:
+            after = req.output_ids[start - prompt :]
+        draft = self.tree.continuation(node, after, limit)
         if draft and req.grammar is not None:
             draft = allowed_prefix(req.grammar, draft)
         return draft

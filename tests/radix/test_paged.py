@@ -184,3 +184,12 @@ def test_claim_is_a_no_op_at_page_size_one() -> None:
     tree.insert([1, 2], [1, 2])
     slots, node = tree.match_prefix([1, 2, 3])
     assert (slots, tree.claim_partial_page(node, [3])) == ([1, 2], [])
+
+
+def test_continuation_follows_pages_and_partial_pages() -> None:
+    tree = chat_tree()
+    node = tree.match_prefix(TURN1[:4]).last_node
+    assert tree.continuation(node, TURN1[4:6], 3) == TURN1[6:9]
+    assert tree.continuation(node, TURN1[4:9], 5) == TURN1[9:]  # into the partial page
+    assert tree.continuation(node, [999], 2) == []
+    tree.check_invariants()

@@ -289,3 +289,21 @@ def test_long_edges_match_at_the_exact_mismatch() -> None:
 def test_node_type_is_exported() -> None:
     tree = tree_with(([1], [1]))
     assert isinstance(tree.match_prefix([1]).last_node, RadixNode)
+
+
+def test_continuation_reads_the_most_recent_path_without_changing_the_tree() -> None:
+    tree = tree_with(([1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 14, 15]))
+    tree.insert([1, 2, 3, 7, 8], [10, 11, 12, 16, 17])  # later: the more recent branch
+    node = tree.match_prefix([1, 2]).last_node  # splits at 2, as a request's match would
+    shape = [(ns, list(t), list(s)) for ns, t, s in tree.sequences()]
+    sizes = (tree.total_size, tree.evictable_size, tree.locked_size)
+    assert tree.continuation(node, [3], 4) == [7, 8]
+    assert tree.continuation(node, [3, 4], 3) == [5, 6]
+    assert tree.continuation(node, [3, 4, 5], 1) == [6]
+    assert tree.continuation(node, [], 2) == [3, 7]
+    assert tree.continuation(node, [3, 9], 3) == []  # another way than the tree's
+    assert tree.continuation(node, [3, 4, 5, 6], 3) == []  # a leaf's end: nothing follows
+    assert tree.continuation(node, [5], 3) == []
+    assert [(ns, list(t), list(s)) for ns, t, s in tree.sequences()] == shape
+    assert (tree.total_size, tree.evictable_size, tree.locked_size) == sizes
+    tree.check_invariants()

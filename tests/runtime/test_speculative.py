@@ -245,3 +245,17 @@ def test_unseeded_sampling_keeps_the_distribution():
         assert chi2_p_value(a, b) > 1e-4, pos
     pairs = [Counter(tuple(s[:2]) for s in samples[k]) for k in (None, "NGRAM")]
     assert chi2_p_value(*pairs) > 1e-4
+
+
+def test_a_repeated_request_drafts_the_earlier_answer_from_the_radix_cache():
+    """Free text prompt lookup cannot guess; the second time, the tree holds the answer."""
+    cfg = {"dtype": "float64", "kv_cache_mb": 64, "speculative_algorithm": "NGRAM"}
+    with Engine("smollm2-135m", **cfg) as e:
+        ask = e.apply_chat_template([{"role": "user", "content": "Name three rivers."}])
+        params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+        first, second = e.generate(ask, params), e.generate(ask, params)
+    assert second["output_ids"] == first["output_ids"]
+    one, two = first["meta_info"], second["meta_info"]
+    # drafts of up to 7 (--speculative-num-draft-tokens 8), all standing
+    assert two["spec_verify_ct"] <= 8 and two["spec_verify_ct"] * 3 < one.get("spec_verify_ct", 32)
+    assert two["spec_num_correct_drafts"] == two["spec_num_proposed_drafts"] >= 24
