@@ -1,17 +1,20 @@
 """Object keys in any order (`property_order="any"`, llguidance backend). The grammar emits an
-object's `properties` in the schema's order; JSON Schema lets keys come in any order. Here an
-object's listed properties become exact-name `patternProperties` (anchored, escaped), which the
-grammar takes in any order, and what order used to say is enforced beside the grammar by the
-scanner of unique_matcher.py (`KeyRule` at each instance path): each key at most once, no
-closing brace while a `required` key is missing, and min/maxProperties counted as before.
+object's `properties` in the schema's order; JSON Schema lets keys come in any order. Here every
+object's listed properties become exact-name `patternProperties` (anchored, escaped: the same
+instances pass), which the grammar takes in any order, and what order used to say is enforced
+beside the grammar by the scanner of unique_matcher.py: in every object each key at most once,
+and, where the object's keywords apply at fixed instance paths (`KeyRule`), no closing brace
+while a `required` key is missing, min/maxProperties counted as before.
 
-That is exact only where the object's keywords apply to every object at some instance path
-(the walk of unique_items.py: through `properties`, `additionalProperties`, `items`, `allOf`,
-local `$ref`s and an `anyOf` / `oneOf` branch that is the only one admitting objects). An
-object under `not`, `if`, a `patternProperties`, an ambiguous branch or in a recursive schema,
-one with its own `patternProperties` (llguidance refuses overlapping patterns) or
-`unevaluatedProperties`, or one with a name that JSON writes with an escape, keeps the
-schema's order.
+A `required` moves beside the grammar only where it applies to every object at some instance
+path (the walk of unique_items.py: through `properties`, `additionalProperties`, `items`,
+`allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that is the only one admitting objects).
+Elsewhere (under `not`, `if`, a `patternProperties` or an ambiguous branch, or in a recursive
+schema) it stays in the grammar, and so does the schema's order of that object's properties
+(llguidance would emit required patterned keys first, in the order `required` lists them).
+An object with its own `patternProperties` (llguidance refuses overlapping patterns) or
+`unevaluatedProperties`, or with a name that JSON writes with an escape, keeps its listed
+properties in the schema's order too.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .schema_logic import as_list
+from .schema_logic import DATA_KEYWORDS, as_list
 from .unique_items import Step, exact_nodes, matches
 
 PROPERTY_ORDERS = ("schema", "any")
+# Keywords whose values map names (not keywords) to subschemas.
+_NAME_MAPS = frozenset(
+    "properties patternProperties $defs definitions dependentSchemas dependencies".split()
+)
 _META = re.compile(r"([\\.+*?()|\[\]{}^$])")
 
 
@@ -56,42 +63,46 @@ class KeyRule:
 
 @dataclass(frozen=True, slots=True)
 class ObjectKeys:
-    """The key rules by instance path (steps as unique_items.py's)."""
+    """The key rules by instance path (steps as unique_items.py's); every other object's
+    keys are only kept unique."""
 
     rules: tuple[tuple[tuple[Step, ...], KeyRule], ...] = ()
 
-    def at(self, path: list[Any]) -> KeyRule | None:
-        found = None
+    def at(self, path: list[Any]) -> KeyRule:
+        found = KeyRule()
         for pattern, rule in self.rules:
             if matches(pattern, path):
-                found = rule if found is None else found.merge(rule)
+                found = found.merge(rule)
         return found
 
 
 def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
-    """(`schema` with its exactly placed objects' properties as patterns, their key rules),
-    or None where no object can be so rewritten."""
+    """(`schema` with its objects' properties as patterns and the exactly placed ones'
+    `required` left out, the key rules), or None where no object changes."""
     if not isinstance(schema, dict):
         return None
-    exact = exact_nodes(schema, _reorderable, "object")
-    if not exact:
-        return None
+    exact = exact_nodes(schema, _has_rule, "object")
     rules = tuple(
         (path, _rule(node)) for node, paths in exact.values() for path in sorted(paths, key=repr)
     )
-    return _copy(schema, frozenset(exact)), ObjectKeys(rules)
+    out = _copy(schema, frozenset(exact))
+    return None if out == schema else (out, ObjectKeys(rules))
 
 
-def _reorderable(s: dict[str, Any]) -> bool:
-    props, required = s.get("properties"), s.get("required")
-    has_props = isinstance(props, dict) and bool(props)
-    has_required = isinstance(required, list) and bool(required)
-    if not (has_props or has_required) or "patternProperties" in s:
+def _has_rule(s: dict[str, Any]) -> bool:
+    """`s` says something of an object's keys that order used to carry."""
+    required = s.get("required")
+    if isinstance(required, list) and required and all(isinstance(k, str) for k in required):
+        return True
+    return _convertible(s)
+
+
+def _convertible(s: dict[str, Any]) -> bool:
+    """`s`'s listed properties can be exact-name patterns (see the module)."""
+    props = s.get("properties")
+    if not (isinstance(props, dict) and props) or "patternProperties" in s:
         return False
-    if "unevaluatedProperties" in s or not all(isinstance(k, str) for k in as_list(required)):
-        return False
-    names = [*(props if has_props else ()), *as_list(required)]
-    return all(_plain(name) for name in names)
+    return "unevaluatedProperties" not in s and all(_plain(name) for name in props)
 
 
 def _plain(name: str) -> bool:
@@ -121,17 +132,24 @@ def _is_int(v: Any) -> bool:
 
 
 def _copy(node: Any, targets: frozenset[int]) -> Any:
-    """A copy of `node` with each target object's properties as exact-name patterns and its
-    `required` left to the rule beside the grammar (min/maxProperties stay: llguidance counts
-    keys whatever their patterns)."""
+    """A copy of `node` with each object's properties as exact-name patterns and each target
+    object's `required` left to the rule beside the grammar (min/maxProperties stay:
+    llguidance counts keys whatever their patterns)."""
     if isinstance(node, list):
         return [_copy(v, targets) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _copy(v, targets) for k, v in node.items()}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in DATA_KEYWORDS:
+            out[key] = value
+        elif key in _NAME_MAPS and isinstance(value, dict):  # names to subschemas
+            out[key] = {name: _copy(sub, targets) for name, sub in value.items()}
+        else:
+            out[key] = _copy(value, targets)
     if id(node) in targets:
-        props = out.pop("properties", None) or {}
         out.pop("required", None)
-        if props:
-            out["patternProperties"] = {_exact(name): v for name, v in props.items()}
+    if _convertible(node) and "required" not in out:
+        props = out.pop("properties")
+        out["patternProperties"] = {_exact(name): v for name, v in props.items()}
     return out
