@@ -6,8 +6,9 @@ SmolLM2's tokenizer) are all allowed with a final state at the end exactly when 
 valid. Per group and total: schemas ok, refused (by reason), valid instances refused, invalid
 instances accepted, compile p50/p90/max. Systems: stemma with each grammar backend (through
 stemma.Constraint, compiles bounded by the service's time limit; `stemma-llguidance-any`:
-property_order "any", keys in any order), and llguidance / xgrammar alone as references. Each system runs in a worker process; a schema running past
---schema-timeout-s (compile and tests) kills the worker and counts as "timeout".
+property_order "any", keys in any order), and llguidance / xgrammar alone as references.
+Each system runs in a worker process; a schema running past --schema-timeout-s (compile and
+tests) kills the worker and counts as "timeout".
 
     python -m stemma.bench.schema_coverage --data ../shared/data/jsonschemabench/sample.jsonl
 """

@@ -23,10 +23,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...lang.sampling_table import PROPERTY_ORDERS
 from .schema_logic import DATA_KEYWORDS, as_list
 from .unique_items import Step, exact_nodes, matches
 
-PROPERTY_ORDERS = ("schema", "any")
 # Keywords whose values map names (not keywords) to subschemas.
 _NAME_MAPS = frozenset(
     "properties patternProperties $defs definitions dependentSchemas dependencies".split()
