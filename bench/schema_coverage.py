@@ -5,9 +5,10 @@ A schema is ok when the system compiles it and, for every test instance, the ins
 SmolLM2's tokenizer) are all allowed with a final state at the end exactly when the instance is
 valid. Per group and total: schemas ok, refused (by reason), valid instances refused, invalid
 instances accepted, compile p50/p90/max. Systems: stemma with each grammar backend (through
-stemma.Constraint, compiles bounded by the service's time limit), and llguidance / xgrammar
-alone as references. Each system runs in a worker process; a schema running past
---schema-timeout-s (compile and tests) kills the worker and counts as "timeout".
+stemma.Constraint, compiles bounded by the service's time limit; `stemma-llguidance-any`:
+property_order "any", keys in any order), and llguidance / xgrammar alone as references.
+Each system runs in a worker process; a schema running past --schema-timeout-s (compile and
+tests) kills the worker and counts as "timeout".
 
     python -m stemma.bench.schema_coverage --data ../shared/data/jsonschemabench/sample.jsonl
 """
@@ -26,7 +27,13 @@ from typing import Any
 
 from .common import append_results, print_table
 
-SYSTEMS = ("stemma-outlines", "stemma-llguidance", "llguidance", "xgrammar")
+SYSTEMS = (
+    "stemma-outlines",
+    "stemma-llguidance",
+    "stemma-llguidance-any",
+    "llguidance",
+    "xgrammar",
+)
 MODEL = "smollm2-135m"
 
 
@@ -51,15 +58,21 @@ def reason_of(error: str) -> str:
 
 
 class _Stemma:
-    def __init__(self, backend: str, timeout_s: float) -> None:
+    def __init__(self, backend: str, timeout_s: float, property_order: str) -> None:
         import stemma
 
         self.Constraint, self.backend, self.timeout_s = stemma.Constraint, backend, timeout_s
+        self.property_order = property_order
         # the same time limit as the compiles: one service, built before any is timed
         self.tokenizer = self.Constraint(regex="x", backend=backend, timeout_s=timeout_s).tokenizer
 
     def compile(self, schema: Any) -> Any:
-        return self.Constraint(json_schema=schema, backend=self.backend, timeout_s=self.timeout_s)
+        return self.Constraint(
+            json_schema=schema,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
+            property_order=self.property_order,
+        )
 
     def accepts(self, compiled: Any, ids: list[int]) -> bool:
         return compiled.accepts(ids)
@@ -111,7 +124,8 @@ class _XGrammar:
 def _make(system: str, timeout_s: float) -> tuple[Any, Any]:
     """(evaluator, tokenize) for one system, inside its worker."""
     if system.startswith("stemma-"):
-        ev = _Stemma(system.removeprefix("stemma-"), timeout_s)
+        backend, _, order = system.removeprefix("stemma-").partition("-")
+        ev = _Stemma(backend, timeout_s, order or "schema")
         return ev, ev.tokenizer.encode
     from transformers import AutoTokenizer
 

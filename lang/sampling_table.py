@@ -146,6 +146,8 @@ def _row(name: str, convert, in_range=None, allowed: str = "") -> tuple[str, Par
 
 # The grammar backends (runtime/constrained/backend.py); EngineConfig checks against it too.
 GRAMMAR_BACKENDS = ("outlines", "llguidance")
+# An object's keys in the schema's order, or in any order (runtime/constrained/property_order.py).
+PROPERTY_ORDERS = ("schema", "any")
 
 # SGLang's native `sampling_params`, in the order of its SamplingParams. None always means
 # "not set"; the table checks set values only.
@@ -179,6 +181,8 @@ SAMPLING_PARAMS: dict[str, Param] = dict(
         _row(
             "grammar_backend", as_str, GRAMMAR_BACKENDS.__contains__, "'outlines' or 'llguidance'"
         ),
+        # stemma's: a json_schema's object keys in the schema's order or any order
+        _row("property_order", as_str, PROPERTY_ORDERS.__contains__, "'schema' or 'any'"),
         _row("stream_interval", as_int, lambda v: v >= 1, ">= 1 or null"),
         # stemma's: end a constrained output valid within max_new_tokens (on for json_schema)
         _row("close_early", as_bool),

@@ -75,7 +75,9 @@ class Constraint:
 
     ValueError names what the backend cannot honour (a keyword and its schema path), or the
     limit a compile ran past. backend: "outlines" | "llguidance" (None: the default; an ebnf
-    grammar defaults to llguidance, the backend that takes it)."""
+    grammar, or property_order "any", defaults to llguidance, the backend that takes it).
+    property_order: "schema" (an object's properties in the schema's order) or "any" (in any
+    order, each at most once; constrained/property_order.py)."""
 
     def __init__(
         self,
@@ -88,12 +90,19 @@ class Constraint:
         backend: str | None = None,
         strict: bool = True,
         timeout_s: float = 20.0,
+        property_order: str = "schema",
     ) -> None:
-        default = "llguidance" if ebnf is not None else DEFAULT_GRAMMAR_BACKEND
-        self.backend = check_backend(backend or default)
         self.spec = ConstraintSpec.create(
-            regex=regex, json_schema=json_schema, choices=choices, strict=strict, ebnf=ebnf
+            regex=regex,
+            json_schema=json_schema,
+            choices=choices,
+            strict=strict,
+            ebnf=ebnf,
+            property_order=property_order,
         )
+        needs_llguidance = ebnf is not None or property_order != "schema"
+        default = "llguidance" if needs_llguidance else DEFAULT_GRAMMAR_BACKEND
+        self.backend = check_backend(backend or default)
         self.tokenizer, service = _service(model, self.backend, timeout_s)
         if not compile_checks_spec(self.backend):
             check_spec(self.backend, self.spec)

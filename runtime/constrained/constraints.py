@@ -58,7 +58,12 @@ class Constraints:
             ebnf = structural_tag_grammar(params.structural_tag)
         if params.regex is None and params.json_schema is None and ebnf is None:
             return None
-        spec = ConstraintSpec.create(regex=params.regex, json_schema=params.json_schema, ebnf=ebnf)
+        spec = ConstraintSpec.create(
+            regex=params.regex,
+            json_schema=params.json_schema,
+            ebnf=ebnf,
+            property_order=params.property_order or "schema",
+        )
         # unsupported features and schema keywords, by name; a grammar, or a schema the
         # outlines default cannot honour, goes to llguidance unless the request names a backend
         backend = pick_backend(spec, self.backend, params.grammar_backend)

@@ -6,7 +6,8 @@ drops the GIL) under llguidance's own fuel and size limits, and a compile still 
 the service's time limit fails its request (its builder is replaced and left to end under its
 fuel). Compiled grammars are cached by spec (LRU); each request gets a deep copy, an
 `LLGuidanceMatcher`, with the same methods the scheduler calls on the outlines Matcher (wrapped
-in a `UniqueItemsMatcher` where the schema's `uniqueItems` is enforced beside the grammar). The
+in a `BesideMatcher` where the schema's `uniqueItems`, or under property_order "any" its
+objects' key rules, are enforced beside the grammar). The
 grammar a spec resolved to (as written or rewritten) is remembered too (`RESOLVED`), so the
 check at the request boundary (`validate`) and the compile after it build and try it once.
 """
@@ -25,18 +26,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .jump_forward import utf8_prefix
-from .llguidance_grammar import Resolution, Resolutions, blocking_error, grammar_texts, refusal
+from .llguidance_grammar import (
+    Candidate,
+    Resolution,
+    Resolutions,
+    blocking_error,
+    grammar_texts,
+    refusal,
+)
+from .property_order import ObjectKeys
 from .spec import ConstraintSpec
 from .unique_items import UniqueArrays, unique_arrays
-from .unique_matcher import TokenBytes, UniqueItemsMatcher
+from .unique_matcher import BesideMatcher, TokenBytes
 from .vocabulary import CompileLimits
 
 if TYPE_CHECKING:
     from ..faults import Faults
     from ..tokenizer import Tokenizer
 
-# a compile's (template, error, warnings, uniqueItems enforced beside the grammar)
-_Outcome = tuple[Any, "str | None", list[str], "UniqueArrays | None"]
+# a compile's (template, error, warnings, and enforced beside the grammar: uniqueItems, keys)
+_Outcome = tuple[Any, "str | None", list[str], "UniqueArrays | None", "ObjectKeys | None"]
 MAX_ROLLBACK = 1024  # as the outlines Matcher: jump-forward drafts stay far below it
 
 
@@ -60,9 +69,10 @@ RESOLVED = Resolutions()  # shared by validate and the compiles of every service
 
 def compile_grammar(
     ll_tok: Any, spec: ConstraintSpec, limits: CompileLimits
-) -> tuple[Any, list[str]]:
-    """(a fresh LLMatcher at the start of `spec`, its warnings); ValueError names what cannot
-    be honoured. A spec validated before builds only the grammar it resolved to."""
+) -> tuple[Any, list[str], ObjectKeys | None]:
+    """(a fresh LLMatcher at the start of `spec`, its warnings, the key rules to enforce
+    beside it); ValueError names what cannot be honoured. A spec validated before builds
+    only the grammar it resolved to."""
     from llguidance import LLMatcher
 
     _check_size(spec, limits)
@@ -70,15 +80,18 @@ def compile_grammar(
     if known is not None and known.error is not None:
         raise ValueError(known.error)
     # the grammar validated before; where the vocabulary fails it, every one as before
-    tried = [] if known is None else [(known.grammar, known.notes)]
+    tried = [] if known is None else [Candidate(known.grammar, list(known.notes), known.keys)]
     errors = []
-    for grammar, notes in itertools.chain(tried, grammar_texts(spec)):
+    for num_tried, candidate in enumerate(itertools.chain(tried, grammar_texts(spec))):
+        grammar, notes, keys = candidate
         matcher = LLMatcher(ll_tok, grammar, log_level=0, limits=parser_limits(limits))
         if not matcher.is_error():
-            RESOLVED.put(spec, _grammar_size(limits), Resolution(grammar, tuple(notes)))
-            return matcher, [*notes, *matcher.get_grammar_warnings()]
-        errors.append(matcher.get_error())
-    raise ValueError(refusal(spec, blocking_error(errors[len(tried) :])))
+            resolution = Resolution(grammar, tuple(notes), keys=keys)
+            RESOLVED.put(spec, _grammar_size(limits), resolution)
+            return matcher, [*notes, *matcher.get_grammar_warnings()], keys
+        if num_tried >= len(tried) and keys is None:  # refusals name the schema's own order
+            errors.append(matcher.get_error())
+    raise ValueError(refusal(spec, blocking_error(errors)))
 
 
 def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
@@ -98,13 +111,14 @@ def _resolve(spec: ConstraintSpec, limits: CompileLimits) -> Resolution:
     from llguidance import LLMatcher
 
     errors = []
-    for grammar, notes in grammar_texts(spec):
+    for grammar, notes, keys in grammar_texts(spec):
         is_error, messages = LLMatcher.validate_grammar_with_warnings(
             grammar, None, limits=parser_limits(limits)
         )
         if not is_error:
-            return Resolution(grammar, tuple(notes))
-        errors.append(messages[0] if messages else "")
+            return Resolution(grammar, tuple(notes), keys=keys)
+        if keys is None:  # refusals name the schema's own order
+            errors.append(messages[0] if messages else "")
     return Resolution(error=refusal(spec, blocking_error(errors)))
 
 
@@ -222,13 +236,14 @@ class LLGuidanceMatcher:
 class LLGuidanceHandle:
     """A submitted constraint: poll `ready()`, then `error` or a fresh `matcher()`."""
 
-    __slots__ = ("spec", "error", "warnings", "unique", "_template", "_service", "_done")
+    __slots__ = ("spec", "error", "warnings", "unique", "keys", "_template", "_service", "_done")
 
     def __init__(self, spec: ConstraintSpec, service: LLGuidanceService) -> None:
         self.spec, self._service = spec, service
         self.error: str | None = None
         self.warnings: list[str] = []
         self.unique: UniqueArrays | None = None  # uniqueItems enforced beside the grammar
+        self.keys: ObjectKeys | None = None  # and object keys (property_order "any")
         self._template: Any = None
         self._done = threading.Event()
 
@@ -238,19 +253,28 @@ class LLGuidanceHandle:
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
 
-    def matcher(self) -> LLGuidanceMatcher | UniqueItemsMatcher:
+    def matcher(self) -> LLGuidanceMatcher | BesideMatcher:
         if not self._done.is_set():
             raise RuntimeError("grammar is not compiled yet; poll ready() first")
         if self._template is None:
             raise ValueError(self.error)
         s = self._service
         m = LLGuidanceMatcher(self._template.deep_copy(), s.vocab_size, s.eos_token_ids)
-        return m if self.unique is None else UniqueItemsMatcher(m, self.unique, s.token_bytes())
+        if self.unique is None and self.keys is None:
+            return m
+        arrays = self.unique or UniqueArrays(frozenset(), ())
+        return BesideMatcher(m, arrays, s.token_bytes(), self.keys)
 
     def _finish(
-        self, template: Any, error: str | None, warnings: list[str], unique: UniqueArrays | None
+        self,
+        template: Any,
+        error: str | None,
+        warnings: list[str],
+        unique: UniqueArrays | None,
+        keys: ObjectKeys | None,
     ) -> None:
-        self._template, self.error, self.warnings, self.unique = template, error, warnings, unique
+        self._template, self.error, self.warnings = template, error, warnings
+        self.unique, self.keys = unique, keys
         self._done.set()
 
 
@@ -351,7 +375,7 @@ class LLGuidanceService:
                     if deadline <= now:
                         del self._running[builder]
                         self._builders.remove(builder)
-                        self._settle(handle, None, self._timeout_error(), [], None)
+                        self._settle(handle, None, self._timeout_error(), [], None, None)
                         self._start_builder()
                 self._wake_at = min((d for _, d in self._running.values()), default=math.inf)
                 self._wake.wait(None if self._wake_at == math.inf else self._wake_at - now)
@@ -368,17 +392,17 @@ class LLGuidanceService:
         """(template, error, warnings, unique arrays) of compiling `spec`."""
         if self.faults is not None and self.faults.take("compile_hang"):
             self._closed.wait()  # never answers while the service lives
-            return None, "the service closed", [], None
+            return None, "the service closed", [], None, None
         try:
-            template, warnings = compile_grammar(self.ll_tok, spec, self.limits)
-            if (unique := _unique_arrays(spec)) is not None:
+            template, warnings, keys = compile_grammar(self.ll_tok, spec, self.limits)
+            if (unique := _unique_arrays(spec)) is not None or keys is not None:
                 self.token_bytes()
-            return template, None, warnings, unique
+            return template, None, warnings, unique, keys
         except ValueError as err:
-            return None, str(err), [], None
+            return None, str(err), [], None, None
         except Exception as err:  # a bug must still fail the request, never strand it
             error = f"internal error compiling the constraint: {type(err).__name__}: {err}"
-            return None, error, [], None
+            return None, error, [], None, None
 
     def _timeout_error(self) -> str:
         return (

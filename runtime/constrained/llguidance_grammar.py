@@ -18,10 +18,11 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex
+from .property_order import ObjectKeys, any_order
 from .regex_check import normalize_regex
 from .schema_logic import DATA_KEYWORDS, pointer_escape
 from .schema_rewrite import rewrite_schema
@@ -32,39 +33,69 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator"
 _NAMED_SUBSCHEMAS = frozenset(
     "properties patternProperties $defs definitions dependentSchemas".split()
 )
+ORDER_KEPT = (
+    "property_order 'any' not applied: llguidance refused the schema with its properties in "
+    "any order, so they keep the schema's order"
+)
 
 
-def grammar_texts(spec: Any) -> Iterator[tuple[str, list[str]]]:
+class Candidate(NamedTuple):
+    """A grammar to try, notes on how it was made, and the key rules to enforce beside it
+    (property_order "any"; None: properties in the schema's order)."""
+
+    grammar: str
+    notes: list[str]
+    keys: ObjectKeys | None = None
+
+
+def grammar_texts(spec: Any) -> Iterator[Candidate]:
     """The llguidance grammars (JSON documents) to try for a ConstraintSpec, in order, each
     with notes on how it was made: a schema as written, then (where it differs) rewritten
-    (schema_rewrite.py), so that what llguidance takes as written is never rewritten. Lazy:
-    the rewrite is made only for a caller that goes on past the schema as written. A regex
-    is checked as for outlines (regex_check.py: unsupported features named, ^/$ dropped), so
-    both backends take the same dialect; grammar errors surface when llguidance builds it."""
+    (schema_rewrite.py), so that what llguidance takes as written is never rewritten. Under
+    property_order "any", both first with their objects' properties in any order
+    (property_order.py), then as in the schema's order. Lazy: the rewrite is made only for a
+    caller that goes on past the schema as written. A regex is checked as for outlines
+    (regex_check.py: unsupported features named, ^/$ dropped), so both backends take the
+    same dialect; grammar errors surface when llguidance builds it."""
     from llguidance import LLMatcher
 
     if spec.regex is not None:
-        yield LLMatcher.grammar_from_regex(normalize_regex(spec.regex)), []
+        yield Candidate(LLMatcher.grammar_from_regex(normalize_regex(spec.regex)), [])
         return
     if spec.choices is not None:
-        yield LLMatcher.grammar_from_regex(choices_regex(spec.choices)), []
+        yield Candidate(LLMatcher.grammar_from_regex(choices_regex(spec.choices)), [])
         return
     if spec.dtype is not None:
-        yield LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), []
+        yield Candidate(LLMatcher.grammar_from_regex(DTYPE_REGEX[spec.dtype]), [])
         return
     if spec.ebnf is not None:
-        yield ebnf_grammar(spec.ebnf), []
+        yield Candidate(ebnf_grammar(spec.ebnf), [])
         return
     options: dict[str, Any] = dict(_COMPACT)
     if spec.whitespace is not None:
         options = {"whitespace_flexible": False, "whitespace_pattern": spec.whitespace}
     if not spec.strict:
         options |= {"lenient": True, "coerce_one_of": True}
+
+    def grammar(schema: Any) -> str:
+        return LLMatcher.grammar_from_json_schema(schema, overrides=options)
+
     schema = json.loads(spec.json_schema)
-    yield LLMatcher.grammar_from_json_schema(schema, overrides=options), []
-    rewritten, notes = rewrite_schema(schema, known_format)
+    rewritten: Any = None
+    kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
+    if spec.property_order == "any":
+        if (reordered := any_order(schema)) is not None:
+            yield Candidate(grammar(reordered[0]), [], reordered[1])
+            kept = [ORDER_KEPT]
+        rewritten, notes = rewrite_schema(schema, known_format)
+        if rewritten != schema and (reordered := any_order(rewritten)) is not None:
+            yield Candidate(grammar(reordered[0]), notes, reordered[1])
+            kept = [ORDER_KEPT]
+    yield Candidate(grammar(schema), kept)
+    if rewritten is None:
+        rewritten, notes = rewrite_schema(schema, known_format)
     if rewritten != schema:
-        yield LLMatcher.grammar_from_json_schema(rewritten, overrides=options), notes
+        yield Candidate(grammar(rewritten), [*notes, *kept])
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,6 +106,7 @@ class Resolution:
     grammar: str | None = None
     notes: tuple[str, ...] = ()
     error: str | None = None
+    keys: ObjectKeys | None = None  # key rules beside the grammar (property_order "any")
 
 
 class Resolutions:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex, schema_to_json
+from .property_order import check_property_order
 from .regex_check import normalize_regex
 from .schema_check import rewrite_formats, schema_issues
 
@@ -34,12 +35,19 @@ class ConstraintSpec:
     whitespace: str | None = None  # JSON whitespace pattern; None = compact (no whitespace)
     strict: bool = True  # False: ignored schema keywords become warnings instead of errors
     ebnf: str | None = None  # GBNF (llama.cpp's dialect, as SGLang takes it) or Lark
+    # "schema": object keys in the schema's order; "any": in any order (property_order.py)
+    property_order: str = "schema"
 
     def __post_init__(self) -> None:
         names = ("regex", "json_schema", "choices", "dtype", "ebnf")
         given = [n for n in names if getattr(self, n)]
         if len(given) != 1:
             raise ValueError(f"give exactly one of {'/'.join(names)}, got {given}")
+        if check_property_order(self.property_order) != "schema" and self.json_schema is None:
+            raise ValueError(
+                f"property_order {self.property_order!r} applies to a json_schema only, got "
+                f"a {given[0]}"
+            )
         if self.dtype is not None and self.dtype not in DTYPE_REGEX:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_REGEX)}, got {self.dtype!r}")
 
@@ -53,6 +61,7 @@ class ConstraintSpec:
         whitespace: str | None = None,
         strict: bool = True,
         ebnf: str | None = None,
+        property_order: str = "schema",
     ) -> ConstraintSpec:
         """Normalize the front-door arguments (schema objects to JSON, types to dtype names)."""
         if choices is not None:
@@ -62,12 +71,13 @@ class ConstraintSpec:
         if isinstance(dtype, type):
             dtype = dtype.__name__
         schema = None if json_schema is None else schema_to_json(json_schema)
-        return cls(regex, schema, choices, dtype, whitespace, strict, ebnf)
+        return cls(regex, schema, choices, dtype, whitespace, strict, ebnf, property_order)
 
     @property
     def key(self) -> str:
         fields = [self.regex, self.json_schema, self.choices, self.dtype, self.whitespace]
-        blob = json.dumps([*fields, self.strict, self.ebnf], ensure_ascii=False)
+        order = [] if self.property_order == "schema" else [self.property_order]  # keys as before
+        blob = json.dumps([*fields, self.strict, self.ebnf, *order], ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -91,6 +101,12 @@ def resolve(spec: ConstraintSpec) -> ResolvedConstraint:
         return ResolvedConstraint(choices_regex(spec.choices))
     if spec.dtype is not None:
         return ResolvedConstraint(DTYPE_REGEX[spec.dtype])
+    if spec.property_order != "schema":
+        raise ValueError(
+            f"property_order {spec.property_order!r} needs the llguidance grammar backend "
+            "(sampling_params.grammar_backend or --grammar-backend llguidance); the outlines "
+            "backend emits properties in the schema's order"
+        )
     if spec.ebnf is not None:
         raise ValueError(
             "ebnf grammars need the llguidance grammar backend (sampling_params.grammar_backend "

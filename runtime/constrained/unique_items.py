@@ -1,5 +1,5 @@
 """`uniqueItems` enforced beside the grammar: no grammar says "no two items equal", so the
-llguidance schema leaves the keyword out and `UniqueItemsMatcher` refuses any token that would
+llguidance schema leaves the keyword out and `BesideMatcher` refuses any token that would
 complete an item equal (JSON equality) to an earlier item of the same array.
 
 That is exact only where the keyword applies to every array at some instance path: a schema
@@ -12,6 +12,7 @@ the schema, and the backend refuses it by name as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,32 +33,43 @@ class UniqueArrays:
     paths: tuple[tuple[Step, ...], ...]  # instance paths whose arrays must have unique items
 
     def applies(self, path: list[Any]) -> bool:
-        return any(_matches(p, path) for p in self.paths)
+        return any(matches(p, path) for p in self.paths)
 
 
 def unique_arrays(schema: Any) -> UniqueArrays:
     """The `uniqueItems: true` of `schema` that can be enforced exactly (see the module)."""
-    walk = _Walk(schema)
-    walk.visit(schema, (), (), frozenset())
-    if walk.cut:
-        return UniqueArrays(frozenset(), ())
-    exact = {
-        node_id: visits
-        for node_id, visits in walk.found.items()
-        if all(walk.transparent(path, chain) for path, chain in visits)
-    }
-    paths = sorted({path for visits in exact.values() for path, _ in visits}, key=repr)
+    exact = exact_nodes(schema, lambda s: s.get("uniqueItems") is True, "array")
+    paths = sorted({path for _, paths in exact.values() for path in paths}, key=repr)
     return UniqueArrays(frozenset(exact), tuple(paths))
 
 
-class _Walk(SchemaLogic):
-    """Every subschema with `uniqueItems: true` (by id()), with the instance paths it applies
-    at and the disjunctions passed on the way (branch types, branch taken, path depth); a
-    chain of None marks one reached under `not`, `if`, a pattern and the like: never exact."""
+def exact_nodes(
+    schema: Any, wanted: Callable[[dict[str, Any]], bool], kind: str
+) -> dict[int, tuple[dict[str, Any], list[tuple[Step, ...]]]]:
+    """The subschemas `wanted` picks that apply to every instance of type `kind` at each
+    instance path they are reached at (by id(): the subschema and those paths); none where
+    the walk is cut (a recursive $ref, too deep, too many visits)."""
+    walk = _Walk(schema, wanted)
+    walk.visit(schema, (), (), frozenset())
+    if walk.cut:
+        return {}
+    return {
+        node_id: (walk.nodes[node_id], [path for path, _ in visits])
+        for node_id, visits in walk.found.items()
+        if all(walk.transparent(path, chain, kind) for path, chain in visits)
+    }
 
-    def __init__(self, root: Any) -> None:
+
+class _Walk(SchemaLogic):
+    """Every subschema `wanted` picks (by id()), with the instance paths it applies at and
+    the disjunctions passed on the way (branch types, branch taken, path depth); a chain of
+    None marks one reached under `not`, `if`, a pattern and the like: never exact."""
+
+    def __init__(self, root: Any, wanted: Callable[[dict[str, Any]], bool]) -> None:
         super().__init__(root)
+        self.wanted = wanted
         self.found: dict[int, list[tuple[tuple[Step, ...], Any]]] = {}
+        self.nodes: dict[int, dict[str, Any]] = {}
         self.cut = False  # a recursive $ref, a path past MAX_DEPTH, too many visits
         self.num_visits = 0
 
@@ -68,8 +80,9 @@ class _Walk(SchemaLogic):
         if len(path) > MAX_DEPTH or self.num_visits > MAX_VISITS:
             self.cut = True
             return
-        if s.get("uniqueItems") is True:
+        if self.wanted(s):
             self.found.setdefault(id(s), []).append((path, chain))
+            self.nodes[id(s)] = s
         if isinstance(ref := s.get("$ref"), str):
             if ref in refs:
                 self.cut = True
@@ -108,15 +121,16 @@ class _Walk(SchemaLogic):
                 for sub in subs:
                     self.visit(sub, path, None, refs)
 
-    def transparent(self, path: tuple[Step, ...], chain: Any) -> bool:
+    def transparent(self, path: tuple[Step, ...], chain: Any, kind: str) -> bool:
         """Every branch passed is the only one whose instances can have the type the path
-        needs there (an object before a key, an array before an index or at the end)."""
+        needs there (an object before a key, an array before an index, `kind` at the end)."""
         if chain is None:
             return False
         for types, taken, depth in chain:
-            need = (
-                "array" if depth == len(path) or path[depth][0] in ("index", "item") else "object"
-            )
+            if depth == len(path):
+                need = kind
+            else:
+                need = "array" if path[depth][0] in ("index", "item") else "object"
             if any(need in t for j, t in enumerate(types) if j != taken):
                 return False
         return True
@@ -132,7 +146,7 @@ def _list_of(s: dict[str, Any], key: str) -> list[Any]:
     return s[key] if isinstance(s.get(key), list) else []
 
 
-def _matches(pattern: tuple[Step, ...], path: list[Any]) -> bool:
+def matches(pattern: tuple[Step, ...], path: list[Any]) -> bool:
     if len(pattern) != len(path):
         return False
     for (kind, arg), at in zip(pattern, path):

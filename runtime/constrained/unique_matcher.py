@@ -1,15 +1,20 @@
-"""The matcher that enforces `uniqueItems` beside a grammar (see unique_items.py).
+"""The matcher that enforces beside a grammar what the grammar leaves out: `uniqueItems`
+(unique_items.py) and, under `property_order="any"`, an object's key rules (property_order.py).
 
 `JsonScanner` follows the output's bytes as JSON (the grammar keeps them valid): the instance
-path of every open container and, for each array that must hold unique items, the items seen
-so far. An item counts once it cannot grow: a string at its closing quote, a container at its
-closing bracket, a literal at its last letter, a number at the byte after it. So a repeated
-string or object is refused at the token that would close it, while other ways on are open.
-`UniqueItemsMatcher` wraps a grammar matcher: a token is allowed when the grammar allows it
-and the scanner, tried on a copy, completes no repeated item with it, nor, where the item so
-far begins an earlier one (`"re` after `"red"`), with what the grammar then forces or with
-every token it then allows (up to `MAX_LOOKAHEAD`): an enum item is refused before its last
-letter, not left at a closing quote that nothing may follow.
+path of every open container; for each array that must hold unique items, the items seen so
+far; for each object with a `KeyRule`, its keys so far. An item counts once it cannot grow: a
+string at its closing quote, a container at its closing bracket, a literal at its last letter,
+a number at the byte after it. So a repeated string or object is refused at the token that
+would close it, while other ways on are open. A key is refused at its closing quote when it
+repeats one or leaves no room under maxProperties for the required keys still missing, and at
+any byte after which no allowed key can begin with it (a closed object's names); the closing
+brace while a required key is missing or minProperties is not reached.
+`BesideMatcher` wraps a grammar matcher: a token is allowed when the grammar allows it and the
+scanner, tried on a copy, takes it, nor, where the item or key so far begins an earlier one
+(`"re` after `"red"`), refuses what the grammar then forces or every token it then allows (up
+to `MAX_LOOKAHEAD`): an enum item is refused before its last letter, not left at a closing
+quote that nothing may follow.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .property_order import KeyRule, ObjectKeys
 from .unique_items import UniqueArrays, canonical
 
 if TYPE_CHECKING:
@@ -33,51 +39,100 @@ VALUE, KEY_START, KEY, COLON, STRING, NUMBER, LITERAL, AFTER = range(8)
 
 
 class _Frame:
-    __slots__ = ("is_array", "at", "unique", "seen", "texts", "tried", "item_start", "in_item")
+    __slots__ = (
+        "is_array",
+        "at",
+        "unique",
+        "seen",
+        "texts",
+        "tried",
+        "item_start",
+        "in_item",
+        "rule",
+        "keys",
+        "key_texts",
+    )
 
-    def __init__(self, is_array: bool, unique: bool) -> None:
-        self.is_array, self.unique = is_array, unique
+    def __init__(self, is_array: bool, unique: bool, rule: KeyRule | None = None) -> None:
+        self.is_array, self.unique, self.rule = is_array, unique, rule
         self.at: Any = 0 if is_array else None  # current index or key
         self.seen: set[Any] = set()  # canonical items taken
         self.texts: list[bytes] = []  # and as written
         self.tried: set[Any] = set()  # canonical items completed on a trial copy
         self.item_start, self.in_item = 0, False
+        # an object's keys so far, and as written; replaced, never changed, so copies share them
+        self.keys: frozenset[str] = frozenset()
+        self.key_texts: tuple[bytes, ...] = ()
 
     def copy(self) -> _Frame:
-        f = _Frame(self.is_array, self.unique)
+        f = _Frame(self.is_array, self.unique, self.rule)
         f.at, f.seen, f.texts = self.at, self.seen, self.texts
         f.item_start, f.in_item = self.item_start, self.in_item
+        f.keys, f.key_texts = self.keys, self.key_texts
         return f
+
+    def has_room(self, name: str | None) -> bool:
+        """One more key (`name`, or one not required) leaves room for the missing ones."""
+        rule = self.rule
+        if rule is None or rule.max_count is None:
+            return True
+        missing = rule.required - self.keys - {name}
+        return len(self.keys) + 1 + len(missing) <= rule.max_count
+
+    def key_pool(self) -> frozenset[str] | None:
+        """The keys that may still come, where they are finitely many (None: any key)."""
+        rule = self.rule
+        if rule is None:
+            return None
+        if rule.names is not None:
+            return frozenset(n for n in rule.names - self.keys if self.has_room(n))
+        if self.has_room(None):
+            return None
+        return frozenset(n for n in rule.required - self.keys if self.has_room(n))
 
 
 class JsonScanner:
     """Where the JSON bytes so far stand; `feed` returns False at a repeated unique item."""
 
-    def __init__(self, arrays: UniqueArrays) -> None:
-        self.arrays = arrays
+    def __init__(self, arrays: UniqueArrays, keys: ObjectKeys | None = None) -> None:
+        self.arrays, self.keys = arrays, keys
         self.stack: list[_Frame] = []
         self.state, self.escape, self.word, self.word_start = VALUE, False, b"", 0
         self.text = bytearray()
         self.trial = False  # a copy: items go to `tried`, never to `seen`
 
     @property
-    def in_unique(self) -> bool:
-        return any(f.unique for f in self.stack)
+    def watching(self) -> bool:
+        """Some open container is a unique array or an object with a key rule."""
+        return any(f.unique or f.rule is not None for f in self.stack)
 
     def may_repeat(self) -> bool:
-        """An item in progress is, so far, the beginning of an earlier item as written."""
+        """An item or key in progress is, so far, the beginning of an earlier one as written."""
         return bool(self.rests())
 
     def rests(self) -> list[bytes]:
         """What is left to write of each earlier item the item in progress begins (all of
-        each where an item is about to start)."""
+        each where an item is about to start), and of each earlier key of the object the
+        key in progress begins."""
         out = []
         for i, f in enumerate(self.stack):
             starting = i == len(self.stack) - 1 and self.state == VALUE
             if f.unique and (f.in_item or starting):
                 sofar = bytes(self.text[f.item_start :]) if f.in_item else b""
                 out += [text[len(sofar) :] for text in f.texts if text.startswith(sofar)]
+        if self.state == KEY and self.stack[-1].rule is not None:
+            sofar = bytes(self.text[self.word_start :])
+            out += [t[len(sofar) :] for t in self.stack[-1].key_texts if t.startswith(sofar)]
         return out
+
+    def key_rests(self) -> list[bytes] | None:
+        """In a key of an object whose possible keys are finitely many: what is left to write
+        of each (closing quote included); None anywhere else."""
+        if self.state != KEY or (pool := self.stack[-1].key_pool()) is None:
+            return None
+        sofar = bytes(self.text[self.word_start + 1 :])
+        written = [_key_bytes(n) for n in pool]
+        return [w[len(sofar) :] + b'"' for w in written if w.startswith(sofar)]
 
     @property
     def in_string(self) -> bool:
@@ -85,7 +140,7 @@ class JsonScanner:
 
     def trial_copy(self) -> JsonScanner:
         s = JsonScanner.__new__(JsonScanner)
-        s.arrays, s.stack = self.arrays, [f.copy() for f in self.stack]
+        s.arrays, s.keys, s.stack = self.arrays, self.keys, [f.copy() for f in self.stack]
         s.state, s.escape, s.word, s.word_start = (
             self.state,
             self.escape,
@@ -111,12 +166,11 @@ class JsonScanner:
                 self.escape = True
             elif byte == 0x22:  # closing quote
                 if state == KEY:
-                    self.stack[-1].at = json.loads(self.text[self.word_start :].decode())
                     self.state = COLON
-                    return True
+                    return self._key(json.loads(self.text[self.word_start :].decode()))
                 self.state = AFTER
                 return self._completed()
-            return True
+            return state == STRING or self._key_viable()
         if state == NUMBER:
             if byte in _NUMBER:
                 return True
@@ -138,7 +192,7 @@ class JsonScanner:
                 self.state, self.word_start = KEY, len(self.text) - 1
             elif byte == 0x7D:  # } of an empty object
                 return self._close()
-            return True
+            return self._key_viable()
         if state == COLON:
             self.state = VALUE if byte == 0x3A else COLON
             return True
@@ -155,7 +209,8 @@ class JsonScanner:
             is_array = byte == 0x5B
             path = [f.at for f in self.stack]
             unique = is_array and self.arrays.applies(path)
-            self.stack.append(_Frame(is_array, unique))
+            rule = None if is_array or self.keys is None else self.keys.at(path)
+            self.stack.append(_Frame(is_array, unique, rule))
             self.state = VALUE if is_array else KEY_START
         elif byte == 0x22:
             self.state = STRING
@@ -171,17 +226,40 @@ class JsonScanner:
             if top.is_array:
                 top.at += 1
                 self.state = VALUE
-            else:
-                self.state = KEY_START
-            return True
+                return True
+            self.state = KEY_START
+            return top.rule is None or top.key_pool() != frozenset()
         if byte in (0x5D, 0x7D):
             return self._close()
         return True
 
     def _close(self) -> bool:
+        rule, keys = self.stack[-1].rule, self.stack[-1].keys
+        if rule is not None and (len(keys) < rule.min_count or not rule.required <= keys):
+            return False
         self.stack.pop()
         self.state = AFTER
         return self._completed()
+
+    def _key(self, key: str) -> bool:
+        """A key just ended: under a key rule, new and leaving room for the missing ones."""
+        top = self.stack[-1]
+        top.at = key
+        if top.rule is None:
+            return True
+        if key in top.keys or not top.has_room(key):
+            return False
+        top.keys = top.keys | {key}
+        top.key_texts = (*top.key_texts, bytes(self.text[self.word_start :]))
+        return True
+
+    def _key_viable(self) -> bool:
+        """Some key that may still come begins with the key so far (where they are finitely
+        many; a key written with escapes is left to its closing quote)."""
+        if self.state != KEY or (pool := self.stack[-1].key_pool()) is None:
+            return True
+        sofar = bytes(self.text[self.word_start + 1 :])
+        return b"\\" in sofar or any(_key_bytes(n).startswith(sofar) for n in pool)
 
     def _completed(self) -> bool:
         """A value just ended: as an item of a unique array, it must be new."""
@@ -203,6 +281,10 @@ class JsonScanner:
         return True
 
 
+def _key_bytes(name: str) -> bytes:
+    return json.dumps(name, ensure_ascii=False)[1:-1].encode()
+
+
 def _allowed_ids(matcher: Any, vocab_size: int) -> list[int]:
     """The ids an llguidance LLMatcher allows next."""
     words = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
@@ -219,6 +301,7 @@ class TokenBytes:
         quotes = np.array([b.count(b'"') for b in token_bytes])
         ends = np.array([any(c in b for c in b",]} \t\n\rel") for b in token_bytes])
         self.has_quote = quotes > 0
+        self.has_backslash = np.array([b"\\" in b for b in token_bytes], dtype=bool)
         self.may_end = (quotes > 1) | ends
         self.id_of = {b: i for i, b in enumerate(token_bytes) if b}
 
@@ -229,13 +312,17 @@ class TokenBytes:
         ]
 
 
-class UniqueItemsMatcher:
-    """A grammar matcher that also refuses a repeated item where `uniqueItems` holds."""
+class BesideMatcher:
+    """A grammar matcher that also refuses a repeated item where `uniqueItems` holds, and a
+    key that breaks its object's key rule."""
 
-    def __init__(self, inner: Any, arrays: UniqueArrays, tokens: TokenBytes) -> None:
-        """inner: a GrammarMatcher (backend.py) of the grammar without those `uniqueItems`."""
-        self.inner, self.arrays, self.tokens = inner, arrays, tokens
-        self.scanner = JsonScanner(arrays)
+    def __init__(
+        self, inner: Any, arrays: UniqueArrays, tokens: TokenBytes, keys: ObjectKeys | None = None
+    ) -> None:
+        """inner: a GrammarMatcher (backend.py) of the grammar without those `uniqueItems`
+        (and with those objects' properties in any order)."""
+        self.inner, self.arrays, self.keys, self.tokens = inner, arrays, keys, tokens
+        self.scanner = JsonScanner(arrays, keys)
         self.ids: list[int] = []
 
     @property
@@ -254,10 +341,10 @@ class UniqueItemsMatcher:
     def eos_token_ids(self) -> frozenset[int]:
         return self.inner.eos_token_ids
 
-    def repeats(self, token_id: int) -> bool:
-        """Taking `token_id` would complete an item equal to an earlier one of its array, or
-        leave the grammar nothing else to do (see the module)."""
-        if not self.scanner.in_unique or not 0 <= token_id < len(self.tokens.bytes):
+    def refuses(self, token_id: int) -> bool:
+        """Taking `token_id` would complete an item equal to an earlier one of its array or
+        break a key rule, or leave the grammar nothing else to do (see the module)."""
+        if not self.scanner.watching or not 0 <= token_id < len(self.tokens.bytes):
             return False
         trial = self.scanner.trial_copy()
         if not trial.feed(self.tokens.bytes[token_id]):
@@ -279,14 +366,17 @@ class UniqueItemsMatcher:
         )
 
     def allows(self, token_id: int) -> bool:
-        return self.inner.allows(token_id) and not self.repeats(token_id)
+        return self.inner.allows(token_id) and not self.refuses(token_id)
 
     def accept_token(self, token_id: int) -> None:
         if token_id in self.inner.eos_token_ids:
             self.inner.accept_token(token_id)
             return
-        if self.repeats(token_id):
-            raise ValueError(f"token {token_id} repeats an item of an array with uniqueItems")
+        if self.refuses(token_id):
+            raise ValueError(
+                f"token {token_id} repeats an item of an array with uniqueItems or breaks "
+                "an object's key rule"
+            )
         self.inner.accept_token(token_id)
         self.scanner.feed(self.tokens.bytes[token_id])
         self.ids.append(token_id)
@@ -295,7 +385,7 @@ class UniqueItemsMatcher:
         self.inner.rollback(num_tokens)
         if num_tokens:
             del self.ids[len(self.ids) - num_tokens :]
-            self.scanner = JsonScanner(self.arrays)
+            self.scanner = JsonScanner(self.arrays, self.keys)
             for token_id in self.ids:
                 self.scanner.feed(self.tokens.bytes[token_id])
 
@@ -307,25 +397,39 @@ class UniqueItemsMatcher:
 
     def fill_mask(self, bitmask: Any, row: int | None = None) -> None:
         self.inner.fill_mask(bitmask, row)
-        if not self.scanner.in_unique:
+        scanner, tokens = self.scanner, self.tokens
+        if not scanner.watching:
             return
         words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
         target = (words if row is None else words[row]).view(np.uint32)
-        bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: len(self.tokens.bytes)]
-        near = self.tokens.has_quote if self.scanner.in_string else self.tokens.may_end
-        if prefixes := self.tokens.prefixes(self.scanner.rests()):  # see repeats()
+        bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: len(tokens.bytes)]
+        allowed = bits.astype(bool)
+        # the tokens that may be refused: those that can close a string, end a value or
+        # begin a key, and those that begin what is left of an earlier item or key
+        near = tokens.has_quote if scanner.in_string else tokens.may_end
+        if scanner.state == KEY_START:
+            near = near | tokens.has_quote
+        if prefixes := tokens.prefixes(scanner.rests()):  # see refuses()
             near = near.copy()
             near[prefixes] = True
+        if (rests := scanner.key_rests()) is not None:
+            # finitely many keys may come: a token without a quote or an escape that begins
+            # none of them is refused outright, the others are tried
+            keep = tokens.has_quote | tokens.has_backslash
+            keep[tokens.prefixes(rests)] = True
+            for token_id in np.flatnonzero(allowed & ~keep):
+                target[token_id // 32] &= ~np.uint32(1 << (int(token_id) % 32))
+            near = keep
         eos = self.inner.eos_token_ids
-        for token_id in np.flatnonzero(bits.astype(bool) & near):
-            if int(token_id) not in eos and self.repeats(int(token_id)):
+        for token_id in np.flatnonzero(allowed & near):
+            if int(token_id) not in eos and self.refuses(int(token_id)):
                 target[token_id // 32] &= ~np.uint32(1 << (int(token_id) % 32))
         if not target.any():
             for t in eos:  # nothing left: the output may only end, as at a grammar's dead end
                 target[t // 32] |= np.uint32(1 << (t % 32))
 
     def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
-        """The grammar's forced tokens, up to the first that would repeat an item."""
+        """The grammar's forced tokens, up to the first the scanner refuses."""
         ids = self.inner.jump_forward(tokenizer, stop_before_merge=stop_before_merge)
         for taken, token_id in enumerate(ids):
             # the grammar has taken them all: only the scanner is asked (no look ahead)

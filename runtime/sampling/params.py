@@ -45,6 +45,7 @@ class SamplingParams:
     structural_tag: str | None = None
     custom_params: dict[str, Any] | None = None  # accepted and carried; no meaning in stemma
     grammar_backend: str | None = None  # this request's; None: the engine's --grammar-backend
+    property_order: str | None = None  # a json_schema's keys: "schema" (None) or "any" order
     stream_interval: int | None = None
     close_early: bool | None = None  # constrained/closing.py; None: on for json_schema
 

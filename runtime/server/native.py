@@ -57,6 +57,7 @@ class SamplingParamsIn(BaseModel):
     custom_params: dict[str, Any] | None = None
     stream_interval: int | None = None
     grammar_backend: str | None = Field(None, description="outlines | llguidance (stemma's)")
+    property_order: str | None = Field(None, description="schema | any (stemma's)")
     close_early: bool | None = Field(None, description="end valid within max_new_tokens")
 
 

@@ -80,3 +80,17 @@ def test_unique_items_hold_in_decoded_outputs(engine: Engine) -> None:
         out = engine.generate(prompt, params | {"temperature": temperature})
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
         assert sorted(json.loads(out["text"])["colors"]) == ["blue", "green", "red"]
+
+
+def test_outputs_validate_with_keys_in_any_order(engine: Engine) -> None:
+    """property_order "any": greedy outputs are valid JSON for their schemas, each key once."""
+    texts, params = _requests(engine)
+    outs = engine.generate(texts, [p | {"property_order": "any"} for p in params])
+    for schema, out in zip(SCHEMAS, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        jsonschema.validate(json.loads(out["text"], object_pairs_hook=_unique_keys), schema)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    assert len({k for k, _ in pairs}) == len(pairs), pairs
+    return dict(pairs)

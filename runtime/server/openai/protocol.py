@@ -53,6 +53,7 @@ class SamplingFields(BaseModel):
     json_schema: str | dict[str, Any] | None = None
     ebnf: str | None = None  # SGLang's: a GBNF grammar
     close_early: bool | None = None  # stemma's: end valid within max_tokens (on for schemas)
+    property_order: str | None = None  # stemma's: a schema's keys in "schema" or "any" order
     cache_salt: str | None = None  # vLLM's: prefix cache shared only with the same salt
 
 

@@ -86,6 +86,7 @@ def _sampling(body: SamplingFields, max_new_tokens: int, grammar: dict[str, Any]
         "skip_special_tokens": body.skip_special_tokens,
         "no_stop_trim": body.no_stop_trim,
         "close_early": body.close_early,
+        "property_order": body.property_order,
         **grammar,
     }
     return {k: v for k, v in sp.items() if v is not None}

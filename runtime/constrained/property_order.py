@@ -1,0 +1,155 @@
+"""Object keys in any order (`property_order="any"`, llguidance backend). The grammar emits an
+object's `properties` in the schema's order; JSON Schema lets keys come in any order. Here every
+object's listed properties become exact-name `patternProperties` (anchored, escaped: the same
+instances pass), which the grammar takes in any order, and what order used to say is enforced
+beside the grammar by the scanner of unique_matcher.py: in every object each key at most once,
+and, where the object's keywords apply at fixed instance paths (`KeyRule`), no closing brace
+while a `required` key is missing, min/maxProperties counted as before.
+
+A `required` moves beside the grammar only where it applies to every object at some instance
+path (the walk of unique_items.py: through `properties`, `additionalProperties`, `items`,
+`allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that is the only one admitting objects).
+Elsewhere (under `not`, `if`, a `patternProperties` or an ambiguous branch, or in a recursive
+schema) it stays in the grammar, and so does the schema's order of that object's properties
+(llguidance would emit required patterned keys first, in the order `required` lists them).
+An object with its own `patternProperties` (llguidance refuses overlapping patterns) or
+`unevaluatedProperties`, or with a name that JSON writes with an escape, keeps its listed
+properties in the schema's order too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ...lang.sampling_table import PROPERTY_ORDERS
+from .schema_logic import DATA_KEYWORDS, as_list
+from .unique_items import Step, exact_nodes, matches
+
+# Keywords whose values map names (not keywords) to subschemas.
+_NAME_MAPS = frozenset(
+    "properties patternProperties $defs definitions dependentSchemas dependencies".split()
+)
+_META = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+def check_property_order(value: Any) -> str:
+    if value not in PROPERTY_ORDERS:
+        raise ValueError(f"property_order must be one of {PROPERTY_ORDERS}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRule:
+    """What the keys of every object at some instance paths must satisfy."""
+
+    required: frozenset[str] = frozenset()
+    min_count: int = 0
+    max_count: int | None = None
+    names: frozenset[str] | None = None  # the only keys allowed (a closed object), if any
+
+    def merge(self, other: KeyRule) -> KeyRule:
+        """Both rules at once (two subschemas applying at one path, through an `allOf`)."""
+        highs = [m for m in (self.max_count, other.max_count) if m is not None]
+        names = [n for n in (self.names, other.names) if n is not None]
+        return KeyRule(
+            self.required | other.required,
+            max(self.min_count, other.min_count),
+            min(highs) if highs else None,
+            frozenset.intersection(*names) if names else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKeys:
+    """The key rules by instance path (steps as unique_items.py's); every other object's
+    keys are only kept unique."""
+
+    rules: tuple[tuple[tuple[Step, ...], KeyRule], ...] = ()
+
+    def at(self, path: list[Any]) -> KeyRule:
+        found = KeyRule()
+        for pattern, rule in self.rules:
+            if matches(pattern, path):
+                found = found.merge(rule)
+        return found
+
+
+def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
+    """(`schema` with its objects' properties as patterns and the exactly placed ones'
+    `required` left out, the key rules), or None where no object changes."""
+    if not isinstance(schema, dict):
+        return None
+    exact = exact_nodes(schema, _has_rule, "object")
+    rules = tuple(
+        (path, _rule(node)) for node, paths in exact.values() for path in sorted(paths, key=repr)
+    )
+    out = _copy(schema, frozenset(exact))
+    return None if out == schema else (out, ObjectKeys(rules))
+
+
+def _has_rule(s: dict[str, Any]) -> bool:
+    """`s` says something of an object's keys that order used to carry."""
+    required = s.get("required")
+    if isinstance(required, list) and required and all(isinstance(k, str) for k in required):
+        return True
+    return _convertible(s)
+
+
+def _convertible(s: dict[str, Any]) -> bool:
+    """`s`'s listed properties can be exact-name patterns (see the module)."""
+    props = s.get("properties")
+    if not (isinstance(props, dict) and props) or "patternProperties" in s:
+        return False
+    return "unevaluatedProperties" not in s and all(_plain(name) for name in props)
+
+
+def _plain(name: str) -> bool:
+    """JSON writes `name` as it is (no escapes): its bytes so far are its prefix."""
+    return not any(c in '"\\' or ord(c) < 0x20 for c in name)
+
+
+def _rule(s: dict[str, Any]) -> KeyRule:
+    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    low, high = s.get("minProperties"), s.get("maxProperties")
+    closed = s.get("additionalProperties") is False
+    return KeyRule(
+        frozenset(as_list(s.get("required"))),
+        low if _is_int(low) else 0,
+        high if _is_int(high) else None,
+        frozenset(props) if closed else None,
+    )
+
+
+def _exact(name: str) -> str:
+    """A regex matching exactly the key `name`."""
+    return "^" + _META.sub(r"\\\1", name) + "$"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _copy(node: Any, targets: frozenset[int]) -> Any:
+    """A copy of `node` with each object's properties as exact-name patterns and each target
+    object's `required` left to the rule beside the grammar (min/maxProperties stay:
+    llguidance counts keys whatever their patterns)."""
+    if isinstance(node, list):
+        return [_copy(v, targets) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in DATA_KEYWORDS:
+            out[key] = value
+        elif key in _NAME_MAPS and isinstance(value, dict):  # names to subschemas
+            out[key] = {name: _copy(sub, targets) for name, sub in value.items()}
+        else:
+            out[key] = _copy(value, targets)
+    if id(node) in targets:
+        out.pop("required", None)
+    if _convertible(node) and "required" not in out:
+        props = out.pop("properties")
+        out["patternProperties"] = {_exact(name): v for name, v in props.items()}
+    return out

@@ -1,0 +1,154 @@
+"""property_order "any" (property_order.py, unique_matcher.py) through the real llguidance
+backend: an object's keys in any order, each at most once, refused at the token that would
+repeat one or that leaves no allowed key to write; the closing brace refused while a required
+key is missing; the default ("schema") unchanged."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import stemma
+from stemma.runtime.constrained.property_order import any_order
+from stemma.runtime.constrained.spec import ConstraintSpec
+
+INT, STR = {"type": "integer"}, {"type": "string"}
+AREA = {
+    "type": "object",
+    "properties": {"dimensions": {"type": "object", "properties": {"w": INT}}, "shape": STR},
+    "required": ["dimensions", "shape"],
+}
+CLOSED = {
+    "type": "object",
+    "properties": {"a": INT, "ab": INT, "b": INT},
+    "required": ["b"],
+    "additionalProperties": False,
+}
+
+
+def _constraint(schema: Any, order: str = "any") -> stemma.Constraint:
+    return stemma.Constraint(json_schema=schema, backend="llguidance", property_order=order)
+
+
+def _walk(c: stemma.Constraint, text: str) -> Any:
+    m = c.matcher()
+    for t in c.tokenizer.encode(text):
+        assert m.accept(t), text
+    return m
+
+
+def _token(c: stemma.Constraint, text: str) -> int:
+    (t,) = c.tokenizer.encode(text)
+    return t
+
+
+def test_keys_in_either_order() -> None:
+    swapped = '{"shape":"square","dimensions":{"w":2}}'
+    in_order = '{"dimensions":{"w":2},"shape":"square"}'
+    c = _constraint(AREA)
+    assert c.accepts(swapped) and c.accepts(in_order)
+    assert not c.accepts('{"shape":"square"}')  # required still holds
+    assert not c.accepts('{"shape":"square","dimensions":{"w":"2"}}')  # and each value's schema
+    schema_order = _constraint(AREA, "schema")
+    assert schema_order.accepts(in_order) and not schema_order.accepts(swapped)
+
+
+def test_a_repeated_key_is_refused_at_its_closing_quote() -> None:
+    c = _constraint(CLOSED)
+    quote = _token(c, '"')
+    m = _walk(c, '{"a":1,"a')  # "a" was written: a second one may only go on to "ab"
+    assert not m.allows(quote)
+    assert m.allows(_token(c, "b"))
+    bitmask = np.zeros((c.tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+    m.inner.fill_mask(bitmask)
+    bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
+    assert not bits[quote] and bits[_token(c, "b")]
+    # "ab" first: "a" is still new, though it begins a key already written
+    assert _walk(c, '{"ab":1,"a').allows(quote)
+    assert not c.accepts('{"b":1,"b":2}')
+    # keys beyond the listed ones are kept unique too
+    open_object = _constraint({"type": "object", "properties": {"p": INT}})
+    assert open_object.accepts('{"x":1,"p":1}') and not open_object.accepts('{"x":1,"x":1}')
+
+
+def test_a_key_that_can_only_end_as_a_repeat_is_refused_before_it_ends() -> None:
+    c = _constraint({**CLOSED, "required": []})
+    m = _walk(c, '{"b":1,"a":2,"')
+    assert not m.allows(_token(c, "b"))  # "b" is written and no other key begins with it
+    assert m.allows(_token(c, "ab"))
+    m = _walk(c, '{"b":1,"a":2,"ab":3')
+    assert not m.allows(_token(c, ","))  # every key is written: nothing may follow a comma
+    assert m.allows(_token(c, "}"))
+
+
+def test_the_closing_brace_waits_for_the_required_keys() -> None:
+    c = _constraint(CLOSED)
+    m = _walk(c, '{"a":1')
+    assert not m.allows(_token(c, "}"))
+    assert m.allows(_token(c, ","))
+    m = _walk(c, '{"a":1,"b":2')
+    assert m.allows(_token(c, "}"))
+
+
+def test_additional_properties_false_still_refuses_other_keys() -> None:
+    c = _constraint(CLOSED)
+    assert c.accepts('{"b":1,"a":2}')
+    assert not c.accepts('{"b":1,"zz":2}')
+    m = _walk(c, '{"b":1,"')
+    assert not m.allows(_token(c, "z"))
+
+
+def test_max_properties_leaves_room_for_the_required_keys() -> None:
+    schema = {"type": "object", "properties": {"a": INT, "b": INT}, "required": ["a"]}
+    c = _constraint({**schema, "maxProperties": 1})
+    assert c.accepts('{"a":1}') and not c.accepts('{"b":1}') and not c.accepts('{"a":1,"b":2}')
+    m = _walk(c, '{"')
+    assert not m.allows(_token(c, "b"))  # "b" would leave no room for "a"
+    c = _constraint({**schema, "minProperties": 2})
+    assert c.accepts('{"b":1,"a":2}') and not c.accepts('{"a":1}')
+
+
+def test_required_under_an_ambiguous_branch_stays_in_the_grammar() -> None:
+    """Which anyOf branch holds is not known while decoding: its `required` is not moved
+    beside the grammar, and the schema's order is kept for its properties."""
+    branches = [
+        {"type": "object", "properties": {"x": INT, "y": INT}, "required": ["x"]},
+        {"type": "object", "properties": {"z": INT}, "required": ["z"]},
+    ]
+    schema = {"anyOf": branches}
+    reordered = any_order(schema)
+    assert reordered is None or reordered[0] == schema
+    c = _constraint(schema)
+    assert c.accepts('{"x":1,"y":2}') and c.accepts('{"z":1}') and not c.accepts('{"y":2}')
+
+
+def test_names_are_matched_exactly() -> None:
+    schema = {"type": "object", "properties": {"a.b": INT, "c": INT}, "additionalProperties": False}
+    out, _ = any_order(schema)
+    assert set(out["patternProperties"]) == {"^a\\.b$", "^c$"}
+    c = _constraint(schema)
+    assert c.accepts('{"c":1,"a.b":2}') and not c.accepts('{"axb":2}')
+
+
+def test_schema_order_is_the_default_and_keeps_the_cache_key() -> None:
+    spec = ConstraintSpec.create(json_schema=AREA)
+    assert spec.property_order == "schema"
+    assert spec.key == ConstraintSpec.create(json_schema=AREA, property_order="schema").key
+    assert spec.key != ConstraintSpec.create(json_schema=AREA, property_order="any").key
+    c = stemma.Constraint(json_schema=AREA, backend="llguidance")
+    assert not c.accepts('{"shape":"square","dimensions":{"w":2}}')
+
+
+def test_bad_values_name_what_is_allowed() -> None:
+    with pytest.raises(ValueError, match="property_order must be one of .*'sorted'"):
+        ConstraintSpec.create(json_schema=AREA, property_order="sorted")
+    with pytest.raises(ValueError, match="applies to a json_schema only"):
+        ConstraintSpec.create(regex="a+", property_order="any")
+    with pytest.raises(ValueError, match="needs the llguidance grammar backend"):
+        stemma.Constraint(json_schema=AREA, backend="outlines", property_order="any")
+    with pytest.raises(ValueError, match="sampling_params.property_order"):
+        from stemma.runtime.sampling.params import SamplingParams
+
+        SamplingParams(json_schema=json.dumps(AREA), property_order="sorted")
