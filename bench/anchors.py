@@ -12,6 +12,7 @@ llama.cpp's seconds over stemma's (above 1 = stemma faster).
   single:     one chat request, ~50-token prompt, 128 new tokens; output tokens/s
   chat:       8 conversations x 4 turns x 40 new tokens, the conversations concurrent
   parallel32: 32 concurrent requests, distinct ~200-token prompts, 64 new tokens
+  free:       one request, a ~20-token question with nothing to copy, 128 new tokens
   rewrite:    one request: a ~300-token code block to repeat with one change, 320 new tokens
 With --speculative a second stemma server runs beside the first with the same flags plus
 `--speculative-algorithm NGRAM` (prompt lookup drafts), interleaved with the others; its
@@ -187,6 +188,11 @@ def run_conversation(client: httpx.Client, url: str, topic: str, salt: int) -> i
     return total
 
 
+def run_free(client: httpx.Client, url: str, salt: int) -> int:
+    ask = f"({salt}) List some questions a child might ask about the night sky, with answers."
+    return chat(client, url, [{"role": "user", "content": ask}], 128)[1]
+
+
 def run_rewrite(client: httpx.Client, url: str, salt: int) -> int:
     ask = (
         f"({salt}) Rewrite this code with the function parse_config renamed to load_config. "
@@ -212,6 +218,8 @@ def run_workload(name: str, url: str, salt: int) -> tuple[float, int]:
         start = time.perf_counter()
         if name == "single":
             tokens = run_single(client, url, salt)
+        elif name == "free":
+            tokens = run_free(client, url, salt)
         elif name == "rewrite":
             tokens = run_rewrite(client, url, salt)
         elif name == "chat":
