@@ -33,6 +33,10 @@ class EngineConfig:
     # lookup; num_draft_tokens counts the sampled token too (at most num - 1 drafted).
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 8
+    # The work around attention compiled by Inductor (executor/compiled.py), SGLang's flags;
+    # for forwards of at most torch_compile_max_bs rows (decodes and their drafts).
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = 64
     grammar_backend: str = "outlines"  # outlines | llguidance (runtime/constrained/backend.py)
     grammar_timeout_s: float = 20.0  # a constraint compiling longer fails its request
     grammar_max_index_mb: int = 256  # a compiled constraint larger than this fails its request
@@ -100,6 +104,7 @@ class EngineConfig:
             "max_queued_requests",
             "max_schema_depth",
             "max_schema_regex_chars",
+            "torch_compile_max_bs",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -148,6 +153,8 @@ class EngineConfig:
                 f"dist_timeout_s and dist_connect_timeout_s must be > 0, got "
                 f"{self.dist_timeout_s} and {self.dist_connect_timeout_s}"
             )
+        if self.tp_size > 1 and self.enable_torch_compile:
+            raise ValueError("enable_torch_compile with tp_size > 1 is not supported")
         if self.tp_size > 1 and self.quantization is not None:
             raise ValueError("quantization with tp_size > 1 is not supported")
 

@@ -156,6 +156,13 @@ class Engine:
             "dtype_reason": self.dtype.reason,
             "quantization": self.config.quantization,
             "weights_note": self.runner.weights_note,
+            "speculative_algorithm": self.config.speculative_algorithm,
+            "torch_compile_s": (  # the start's compile (or cache load), executor/compiled.py
+                round(compiled.compile_s, 2)
+                if (compiled := self.runner.model.compiled) is not None
+                else None
+            ),
+            "torch_compile_note": self.runner.compile_note,
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(tok.eos_token_ids),

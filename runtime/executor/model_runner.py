@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -16,11 +17,12 @@ from ..dtype_policy import MachineMeasurements
 from ..faults import Faults, InjectedFault
 from ..models.decoder import DecoderForCausalLM
 from ..models.gguf_int4 import gguf_int4_blocks, int4_from_gguf_blocks
-from ..models.loader import LoadedModel
+from ..models.loader import LoadedModel, default_cache_dir
 from ..models.weights import FORMS, Int4Weight
 from ..weight_plan import WeightPlan, plan_weights
 from .attention import make_attention_backend
 from .calibrate import calibration_ids, input_maxima
+from .compiled import CompiledLayers
 from .forward_batch import ForwardBatch
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
 
@@ -68,6 +70,20 @@ class ModelRunner:
         )
         self.allocator = SlotAllocator(num_slots, cfg.page_size)
         self.attn = make_attention_backend(cfg.resolved_attention_backend)
+        self.compile_note: str | None = None  # why the compiled step is off, when asked for
+        if cfg.enable_torch_compile:
+            cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+            try:
+                self.model.compiled = CompiledLayers.build(
+                    self.model, cfg.torch_compile_max_bs, cache / "inductor"
+                )
+            except Exception as e:  # noqa: BLE001 - a form Inductor cannot lower runs eager
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                self.compile_note = (
+                    f"off: the {self.plan.linear_form!r} linears did not compile "
+                    f"({type(e).__name__}: {first[:200]})"
+                )
+                log.warning("enable_torch_compile: %s; running eager", self.compile_note)
         needs = [n for n, on in (("sliding_window", mc.sliding_window), ("attn_logit_softcapping",
                  mc.attn_softcap)) if on]  # fmt: skip
         if needs and cfg.resolved_attention_backend != "torch":

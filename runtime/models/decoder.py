@@ -36,6 +36,7 @@ from .weights import FORMS, LinearSpec, WeightForm, build_form
 
 if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
     from ..executor.attention import AttentionBackend
+    from ..executor.compiled import CompiledLayers
     from ..executor.forward_batch import ForwardBatch
     from ..executor.memory import KVPool
 
@@ -68,36 +69,28 @@ class Attention(nn.Module):
         self.window = cfg.layer_window(layer_id)
         self.softcap = cfg.attn_softcap
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        fb: ForwardBatch,
-        pool: KVPool,
-        attn: AttentionBackend,
-        residual: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """residual + attention(x) (attention(x) alone for residual None); x: [tokens, hidden]."""
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (normed where the model norms them, rotated) and v as heads, from x:
+        [tokens, hidden]."""
         n, num_q, num_qk = x.shape[0], self.num_heads, self.num_heads + self.num_kv_heads
         # q|k|v as heads: [n, num_heads + 2 * num_kv_heads, head_dim]; q and k rotate together.
         qkv = self.qkv_proj(x).view(n, num_qk + self.num_kv_heads, self.head_dim)
         qk = qkv[:, :num_qk]
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :num_q]), self.k_norm(qk[:, num_q:])], dim=1)
-        qk = RotaryEmbedding.apply(qk, cos_sin)
-        q, k, v = qk[:, :num_q], qk[:, num_q:], qkv[:, num_qk:]
-        o = attn.forward(
-            q,
-            k,
-            v,
-            self.layer_id,
-            fb,
-            pool,
-            self.sm_scale,
-            window=self.window,
-            softcap=self.softcap,
-        )
-        return self.o_proj(o.reshape(n, num_q * self.head_dim), residual)
+        qk = RotaryEmbedding.apply(qk, (cos, sin))
+        return qk[:, :num_q], qk[:, num_q:], qkv[:, num_qk:]
+
+    def attend(self, q, k, v, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend):
+        """The backend's attention over the paged context: [tokens, num_heads, head_dim]."""
+        window, cap = self.window, self.softcap
+        return attn.forward(q, k, v, self.layer_id, fb, pool, self.sm_scale, window, cap)
+
+    def out(self, o: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """residual + o_proj(o) (o_proj(o) alone for residual None)."""
+        return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim), residual)
 
 
 class MLP(nn.Module):
@@ -133,13 +126,25 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
             self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
 
-    def forward(self, x, cos_sin, fb, pool, attn):
+    def forward(self, x, cos_sin, fb, pool, attn, compiled: CompiledLayers | None = None):
+        """x: [tokens, hidden] through attention and MLP; the work on each token apart
+        (before_attention, after_attention) runs compiled where `compiled` is given."""
+        before, after = (self.before_attention, self.after_attention)
+        if compiled is not None:
+            before, after = compiled.before(self), compiled.after(self)
+        q, k, v = before(x, *cos_sin)
+        return after(self.self_attn.attend(q, k, v, fb, pool, attn), x)
+
+    def before_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+
+    def after_attention(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The attention output o back to the residual stream, then the MLP."""
         if self.sandwich:
-            h = self.self_attn(self.input_layernorm(x), cos_sin, fb, pool, attn, residual=None)
-            x = x + self.post_attention_layernorm(h)
+            x = x + self.post_attention_layernorm(self.self_attn.out(o, None))
             h = self.mlp(self.pre_feedforward_layernorm(x), residual=None)
             return x + self.post_feedforward_layernorm(h)
-        x = self.self_attn(self.input_layernorm(x), cos_sin, fb, pool, attn, residual=x)
+        x = self.self_attn.out(o, x)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
@@ -176,6 +181,7 @@ class DecoderForCausalLM(nn.Module):
         self.layer_rope = [cfg.layer_rope(i) for i in range(cfg.num_layers)]
         # The vocabulary projection: [rows, hidden] -> [rows, vocab shard].
         self.lm_head = Linear(cfg.hidden_size, lay.vocab_shard, False, dtype)
+        self.compiled: CompiledLayers | None = None  # executor/compiled.py, when enabled
         if cfg.tie_word_embeddings:
             self.lm_head.weight = None  # the embedding table, once loaded (load_weights)
 
@@ -196,8 +202,9 @@ class DecoderForCausalLM(nn.Module):
         if self.cfg.embed_scale is not None:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         tables = {name: rope.table(fb.positions) for name, rope in self.ropes.items()}
+        compiled = self.compiled if self.compiled is not None and self.compiled.takes(fb) else None
         for layer, rope in zip(self.layers, self.layer_rope):
-            x = layer(x, tables[rope], fb, pool, attn)
+            x = layer(x, tables[rope], fb, pool, attn, compiled)
         x = self.norm(x[fb.logits_idx])
         logits = self.tp.gather_last_dim(self.lm_head(x))
         if logits is None:

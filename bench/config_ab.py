@@ -1,0 +1,133 @@
+"""One engine option against the engine without it, in one process, interleaved.
+
+    python -m stemma.bench.config_ab --candidate '{"enable_torch_compile": true}'
+    python -m stemma.bench.config_ab --candidate '{"speculative_algorithm": "NGRAM"}' \\
+        --batches 8,32,64 --rounds 5
+    (both take --dtype, --quantization, --batches 1,8,32, --new 64, --rounds 5, --prompt)
+
+Per batch size: decode tokens/s of each engine (greedy, EOS ignored; distinct random
+32-token prompts, or with --prompt text a chat request asking to repeat a paragraph, the
+rewrite case), the median over rounds of the baseline's seconds over the candidate's (above
+1 = the candidate faster) and the share of requests with the same tokens. A candidate that
+compiles also reports its start-up: the compile on an empty Inductor cache, the same start
+again in a fresh process (a cache hit), and the cache's size.
+Results: a table and JSON lines in bench/results/config_ab.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..runtime.engine import Engine
+from ..runtime.executor.compiled import directory_mb
+from .common import append_results, bench_parser, interleaved_times, paired_speedup, print_table
+
+START = """
+import json, sys
+from stemma.runtime.engine import Engine
+with Engine(sys.argv[1], **json.loads(sys.argv[2])) as e:
+    print(e.get_model_info()["torch_compile_s"])
+"""
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff for more than a century. Every night its "
+    "lamp turned slowly, sweeping a pale beam across the black water, warning ships away from "
+    "the rocks below. The keeper climbed the narrow stairs each evening to trim the wick and "
+    "polish the great lens, and wrote every storm and every passing ship into his log book."
+)
+
+
+def start_up(model: str, candidate: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The compiled candidate's start: cold (this process, empty cache), warm (a new one)."""
+    engine_cfg = {**config, **candidate}
+    warm = subprocess.run(
+        [sys.executable, "-c", START, model, json.dumps(engine_cfg)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {"compile_warm_s": float(warm.stdout.strip().splitlines()[-1])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = bench_parser(__doc__)
+    p.add_argument("--candidate", required=True, help="engine options as a JSON object")
+    p.add_argument("--quantization", default=None)
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--prompt", choices=["random", "rewrite"], default="random")
+    args = p.parse_args(argv)
+    candidate = json.loads(args.candidate)
+    cache = Path(tempfile.mkdtemp(prefix="stemma-inductor-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)  # empty: a first compile is cold
+    config = {"dtype": args.dtype, "quantization": args.quantization, "kv_cache_mb": 512}
+    engines = {
+        "baseline": Engine(args.model, **config),
+        "candidate": Engine(args.model, **config, **candidate),
+    }
+    info = engines["candidate"].get_model_info()
+    startup: dict[str, Any] = {}
+    if info["torch_compile_s"] is not None:
+        startup = {"compile_cold_s": info["torch_compile_s"]}
+        startup |= start_up(args.model, candidate, config)
+        startup["cache_mb"] = round(directory_mb(cache), 1)
+    rows: list[dict[str, Any]] = []
+    rng = random.Random(0)
+    base = engines["baseline"]
+    for batch in [int(b) for b in args.batches.split(",")]:
+        if args.prompt == "random":
+            prompts = {
+                "input_ids": [
+                    [rng.randrange(100, base.vocab_size) for _ in range(32)] for _ in range(batch)
+                ]
+            }
+        else:
+            ask = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"
+            texts = [
+                base.apply_chat_template([{"role": "user", "content": f"({i}) {ask}"}])
+                for i in range(batch)
+            ]
+            prompts = {"text": texts}
+        params = {"max_new_tokens": args.new, "temperature": 0, "ignore_eos": True}
+        outs: dict[str, list] = {}
+
+        def run(name: str, prompts=prompts, params=params, outs=outs, batch=batch) -> None:
+            res = engines[name].generate(sampling_params=[params] * batch, **prompts)
+            outs[name] = [o["output_ids"] for o in res]
+
+        times = interleaved_times({n: (lambda n=n: run(n)) for n in engines}, args.rounds)
+        tok = {n: round(batch * args.new / sorted(t)[len(t) // 2], 1) for n, t in times.items()}
+        same = sum(a == b for a, b in zip(outs["baseline"], outs["candidate"])) / batch
+        rows.append(
+            {
+                "candidate": candidate,
+                "model": args.model,
+                "dtype": args.dtype,
+                "quantization": args.quantization,
+                "linear_form": base.runner.plan.linear_form,
+                "prompt": args.prompt,
+                "batch": batch,
+                "new_tokens": args.new,
+                "baseline_tok_s": tok["baseline"],
+                "candidate_tok_s": tok["candidate"],
+                "speedup": round(paired_speedup(times["baseline"], times["candidate"]), 3),
+                "same_outputs": same,
+                **startup,
+                "seconds": times,
+            }
+        )
+        print_table(rows[-1:], [k for k in rows[-1] if k not in ("seconds", "candidate")])
+    for e in engines.values():
+        e.shutdown()
+    print("appended to", append_results("config_ab", rows))
+
+
+if __name__ == "__main__":
+    main()
