@@ -55,6 +55,16 @@ def start_up(model: str, candidate: dict[str, Any], config: dict[str, Any]) -> d
     return {"compile_warm_s": float(warm.stdout.strip().splitlines()[-1])}
 
 
+def round_prompts(kind: str, batch: int, r: int, engine: Engine, rng: random.Random) -> dict:
+    """One round's prompts: random 32-token ones, or chat requests to repeat a paragraph."""
+    if kind == "random":
+        vocab = engine.vocab_size
+        return {"input_ids": [[rng.randrange(100, vocab) for _ in range(32)] for _ in range(batch)]}
+    ask = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"
+    chats = [[{"role": "user", "content": f"({r}.{i}) {ask}"}] for i in range(batch)]
+    return {"text": [engine.apply_chat_template(c) for c in chats]}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = bench_parser(__doc__)
     p.add_argument("--candidate", required=True, help="engine options as a JSON object")
@@ -82,23 +92,16 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(0)
     base = engines["baseline"]
     for batch in [int(b) for b in args.batches.split(",")]:
-        if args.prompt == "random":
-            prompts = {
-                "input_ids": [
-                    [rng.randrange(100, base.vocab_size) for _ in range(32)] for _ in range(batch)
-                ]
-            }
-        else:
-            ask = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"
-            texts = [
-                base.apply_chat_template([{"role": "user", "content": f"({i}) {ask}"}])
-                for i in range(batch)
-            ]
-            prompts = {"text": texts}
+        # Every round its own prompts (the same for both engines), so that no round meets
+        # the answers of an earlier one in the radix cache.
+        rounds = [round_prompts(args.prompt, batch, r, base, rng) for r in range(args.rounds)]
         params = {"max_new_tokens": args.new, "temperature": 0, "ignore_eos": True}
         outs: dict[str, list] = {}
+        calls = dict.fromkeys(engines, 0)
 
-        def run(name: str, prompts=prompts, params=params, outs=outs, batch=batch) -> None:
+        def run(name, rounds=rounds, params=params, outs=outs, batch=batch, calls=calls) -> None:
+            prompts = rounds[calls[name]]
+            calls[name] += 1
             res = engines[name].generate(sampling_params=[params] * batch, **prompts)
             outs[name] = [o["output_ids"] for o in res]
 

@@ -50,7 +50,8 @@ class EngineCore:
             self.outputs.process(batch, plans, self.runner.forward(fb))
         self.scheduler.finish_step(batch)
         if self.outputs.budget is not None:  # drafting decides from the steps it measured
-            self.outputs.budget.observe(batch, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self.outputs.budget.observe(batch, seconds, self.outputs.step_tokens)
         return batch
 
 

@@ -4,16 +4,18 @@
 n tokens (n from `MAX_NGRAM` down to `MIN_NGRAM`) in its own prompt and output: a rewrite of
 a given text, code edited in place, a quoted document, a multi-turn chat that repeats itself.
 Drafts are verified like every draft (draft.py): the output is what decoding without them
-gives, so a wrong draft costs only its rows in the forward.
+gives, so a wrong draft costs only time: its rows in the forward, and a step off the
+attention backend's decode path.
 
-How many tokens to draft is decided per request and step by `DraftBudget`, from two
-measurements: the request's acceptance so far (a geometric model: each draft token stands
-with probability `a` once those before it stood) and the step's cost in rows (`StepCost`,
-fitted to the engine's own steps). The j-th draft token is worth its row when the token it
-saves, a^j of a step's time per request, costs more than the row: a^j * T(B) / B > c, for a
-step of B rows taking T(B) seconds and c seconds per extra row. So a one-request step on a
-CPU, where weights dominate and a row costs about 1% of the step, drafts whenever anything
-matches; a large batch, already compute-bound, drafts only what almost always stands.
+Whether to draft at all at a batch size is measured (`DraftGate`: output tokens per second of
+decode steps with drafts against steps without, per batch-size bucket). How many tokens a
+request drafts is `DraftBudget`'s decision each step, from the request's acceptance so far
+(a geometric model: each draft token stands with probability `a` once those before it stood)
+and the cost of a row (`StepCost`, fitted to the engine's own steps): the j-th draft token is
+worth its row while a^j * T(B) / B > c, for a step of B rows taking T(B) seconds and c
+seconds per extra row. So one request on a CPU, where weights dominate and a row costs about
+1% of the step, drafts whenever anything matches; a large batch drafts only what almost
+always stands, and not at all where its draft steps measure slower.
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class NGramIndex:
 
 class StepCost:
     """Seconds a step takes against the rows it computes, fitted by least squares over the
-    recent decode steps: T(rows) = base + per_row * rows. Until the rows have varied, the
-    extra row is taken as free (drafting then makes them vary)."""
+    recent steps: T(rows) = base + per_row * rows. Until the rows have varied (a prefill
+    and a decode step do), the extra row is taken as free."""
 
     def __init__(self, window: int = COST_WINDOW) -> None:
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
@@ -87,22 +89,62 @@ class StepCost:
         return self.base + self.per_row * rows
 
 
+class DraftGate:
+    """Whether drafting pays at a batch size, measured: for each size bucket (powers of
+    two) the output tokens per second of decode steps that verified drafts and of steps
+    that did not (moving averages). Drafting stays on where its steps produce at least as
+    fast, off where they do not; every EXPLORE-th step of a bucket takes the other arm so
+    that both measurements stay current. A draft step leaves the attention backend's decode
+    path, a cost the row fit does not see; this sees every cost."""
+
+    EXPLORE = 16
+    WEIGHT = 0.125  # of the newest step in a moving average
+
+    def __init__(self) -> None:
+        self.rates: dict[tuple[int, bool], float] = {}  # (bucket, drafted) -> tokens / s
+        self.steps: dict[int, int] = {}
+
+    def record(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
+        key, rate = (batch_size.bit_length(), drafted), tokens / max(seconds, 1e-9)
+        old = self.rates.get(key)
+        self.rates[key] = rate if old is None else old + self.WEIGHT * (rate - old)
+
+    def open(self, batch_size: int) -> bool:
+        """Whether the next step's requests may draft (counts the step)."""
+        bucket = batch_size.bit_length()
+        step = self.steps[bucket] = self.steps.get(bucket, 0) + 1
+        plain, drafted = self.rates.get((bucket, False)), self.rates.get((bucket, True))
+        if plain is None or drafted is None:  # measure each arm once, drafting first
+            return drafted is None
+        best = drafted >= plain
+        return best != (step % self.EXPLORE == 0)
+
+
 @dataclass(slots=True)
 class DraftBudget:
     """How many draft tokens a request gets this step (see the module)."""
 
     max_tokens: int  # --speculative-num-draft-tokens minus the token the step samples anyway
     cost: StepCost = field(default_factory=StepCost)
+    gate: DraftGate = field(default_factory=DraftGate)
     batch_size: int = 1  # requests in the last decode step (the batch a draft will join)
+    is_open: bool = True  # the gate's decision for the drafts made after this step
 
-    def observe(self, batch: ScheduledBatch, seconds: float) -> None:
-        """One step's wall time; only decode steps (drafts included) enter the fit."""
-        if batch.reqs and not any(batch.is_prefill):
+    def observe(self, batch: ScheduledBatch, seconds: float, tokens: int) -> None:
+        """One step's wall time against its rows, and the output tokens it produced. Prefill
+        steps enter the row fit too: their many rows measure a row's cost before any draft
+        has run; decode steps feed the gate and set the batch a draft joins."""
+        if not batch.reqs:
+            return
+        self.cost.record(sum(batch.num_new), seconds)
+        if not any(batch.is_prefill):
             self.batch_size = len(batch.reqs)
-            self.cost.record(sum(batch.num_new), seconds)
+            drafted = any(n > 1 for n in batch.num_new)
+            self.gate.record(self.batch_size, drafted, tokens, seconds)
+            self.is_open = self.gate.open(self.batch_size)
 
     def length(self, req: Req) -> int:
-        if self.max_tokens <= 0:
+        if self.max_tokens <= 0 or not self.is_open:
             return 0
         row = self.cost.per_row
         per_token = self.cost.seconds(self.batch_size) / self.batch_size  # a sampled token's

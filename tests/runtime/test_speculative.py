@@ -12,9 +12,11 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.sampling.params import SamplingParams
 from stemma.runtime.sampling.sampler import SamplingState
+from stemma.runtime.scheduler.batch import ScheduledBatch
 from stemma.runtime.scheduler.req import Req
 from stemma.runtime.scheduler.speculative import (
     DraftBudget,
+    DraftGate,
     NGramDraft,
     NGramIndex,
     StepCost,
@@ -132,6 +134,34 @@ def test_budget_drafts_while_a_draft_token_pays_for_its_row():
     assert mid.length(req) == expect > 0
     # no slope measured yet: rows are taken as free
     assert DraftBudget(max_tokens=5).length(req) == 5
+
+
+def test_gate_keeps_drafting_where_its_steps_produce_faster():
+    gate = DraftGate()
+    assert gate.open(32)  # nothing measured: drafting is tried first ...
+    gate.record(32, True, tokens=40, seconds=0.1)  # 400 tok/s with drafts
+    assert not gate.open(32)  # ... then a plain step
+    gate.record(32, False, tokens=32, seconds=0.05)  # 640 tok/s without
+    opened = [gate.open(32) for _ in range(32)]
+    assert opened.count(True) == 2  # off, but every 16th step explores
+    gate.record(1, True, tokens=5, seconds=0.04)  # 125 tok/s at batch 1 ...
+    gate.record(1, False, tokens=1, seconds=0.03)  # ... against 33
+    assert [gate.open(1) for _ in range(16)].count(False) == 1  # another bucket: on
+    for _ in range(40):  # the batch-32 drafts get better: the averages follow
+        gate.record(32, True, tokens=90, seconds=0.1)
+    assert gate.open(32) or gate.open(32)
+
+
+def test_budget_drafts_nothing_while_the_gate_is_closed():
+    budget = DraftBudget(max_tokens=7)
+    batch = ScheduledBatch(
+        reqs=[make_req([1, 2])] * 4, num_new=[3, 1, 1, 1], is_prefill=[False] * 4
+    )
+    budget.observe(batch, seconds=0.1, tokens=5)  # a draft step: 50 tok/s
+    assert not budget.is_open and budget.length(make_req([1, 2])) == 0  # now measure plain
+    plain = ScheduledBatch(reqs=batch.reqs, num_new=[1] * 4, is_prefill=[False] * 4)
+    budget.observe(plain, seconds=0.01, tokens=4)  # 400 tok/s: drafting loses at 4
+    assert not budget.is_open
 
 
 def test_config_takes_sglang_flags_and_refuses_others():
