@@ -8,14 +8,14 @@ gives, so a wrong draft costs only time: its rows in the forward, and a step off
 attention backend's decode path.
 
 Whether to draft at all at a batch size is measured (`DraftGate`: output tokens per second of
-decode steps with drafts against steps without, per batch-size bucket). How many tokens a
-request drafts is `DraftBudget`'s decision each step, from the request's acceptance so far
-(a geometric model: each draft token stands with probability `a` once those before it stood)
-and the cost of a row (`StepCost`, fitted to the engine's own steps): the j-th draft token is
-worth its row while a^j * T(B) / B > c, for a step of B rows taking T(B) seconds and c
-seconds per extra row. So one request on a CPU, where weights dominate and a row costs about
-1% of the step, drafts whenever anything matches; a large batch drafts only what almost
-always stands, and not at all where its draft steps measure slower.
+epochs of decode steps with drafting allowed against epochs without, per batch-size bucket).
+How many tokens a request drafts is `DraftBudget`'s decision each step, from the request's
+acceptance so far (a geometric model: each draft token stands with probability `a` once
+those before it stood) and the cost of a row (`StepCost`, fitted to the engine's own
+steps): the j-th draft token is worth its row while a^j * T(B) / B > c, for a step of B rows
+taking T(B) seconds and c seconds per extra row. So one request on a CPU, where weights
+dominate and a row costs about 1% of the step, drafts whenever anything matches; a large
+batch drafts only what almost always stands, and not at all where its epochs measure slower.
 """
 
 from __future__ import annotations
@@ -90,34 +90,48 @@ class StepCost:
 
 
 class DraftGate:
-    """Whether drafting pays at a batch size, measured: for each size bucket (powers of
-    two) the output tokens per second of decode steps that verified drafts and of steps
-    that did not (moving averages). Drafting stays on where its steps produce at least as
-    fast, off where they do not; every EXPLORE-th step of a bucket takes the other arm so
-    that both measurements stay current. A draft step leaves the attention backend's decode
-    path, a cost the row fit does not see; this sees every cost."""
+    """Whether drafting pays at a batch size, measured in epochs: EPOCH decode steps in a
+    row of one batch-size bucket (powers of two) with drafting allowed, or not, throughout.
+    An epoch's output tokens per second (its first step left out: it pays for the epoch
+    before, e.g. the attention backend's decode copy rebuilt after draft steps) updates that
+    arm's moving average; each epoch takes the faster arm, every EXPLORE-th the other one, so
+    both stay measured. Drafting starts allowed; the second epoch measures it off."""
 
-    EXPLORE = 16
-    WEIGHT = 0.125  # of the newest step in a moving average
+    EPOCH = 16
+    EXPLORE = 8
+    WEIGHT = 0.25  # of the newest epoch in a moving average
 
     def __init__(self) -> None:
-        self.rates: dict[tuple[int, bool], float] = {}  # (bucket, drafted) -> tokens / s
-        self.steps: dict[int, int] = {}
+        self.rates: dict[tuple[int, bool], float] = {}  # (bucket, drafting) -> tokens / s
+        self.epochs: dict[int, int] = {}  # epochs begun per bucket
+        self.bucket: int | None = None
+        self.arm = True  # drafting allowed in the current epoch
+        self.steps, self.tokens, self.seconds = 0, 0, 0.0
 
-    def record(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
-        key, rate = (batch_size.bit_length(), drafted), tokens / max(seconds, 1e-9)
-        old = self.rates.get(key)
-        self.rates[key] = rate if old is None else old + self.WEIGHT * (rate - old)
-
-    def open(self, batch_size: int) -> bool:
-        """Whether the next step's requests may draft (counts the step)."""
+    def record(self, batch_size: int, tokens: int, seconds: float) -> None:
+        """One decode step of the current epoch (a new bucket begins a new epoch)."""
         bucket = batch_size.bit_length()
-        step = self.steps[bucket] = self.steps.get(bucket, 0) + 1
-        plain, drafted = self.rates.get((bucket, False)), self.rates.get((bucket, True))
-        if plain is None or drafted is None:  # measure each arm once, drafting first
-            return drafted is None
-        best = drafted >= plain
-        return best != (step % self.EXPLORE == 0)
+        if bucket != self.bucket:
+            self._begin(bucket)
+            return
+        self.steps += 1
+        if self.steps > 1:
+            self.tokens += tokens
+            self.seconds += seconds
+        if self.steps >= self.EPOCH:
+            key, rate = (bucket, self.arm), self.tokens / max(self.seconds, 1e-9)
+            old = self.rates.get(key)
+            self.rates[key] = rate if old is None else old + self.WEIGHT * (rate - old)
+            self._begin(bucket)
+
+    def _begin(self, bucket: int) -> None:
+        n = self.epochs[bucket] = self.epochs.get(bucket, 0) + 1
+        on, off = self.rates.get((bucket, True)), self.rates.get((bucket, False))
+        if on is None or off is None:
+            self.arm = on is None
+        else:
+            self.arm = (on >= off) != (n % self.EXPLORE == 0)
+        self.bucket, self.steps, self.tokens, self.seconds = bucket, 0, 0, 0.0
 
 
 @dataclass(slots=True)
@@ -139,9 +153,8 @@ class DraftBudget:
         self.cost.record(sum(batch.num_new), seconds)
         if not any(batch.is_prefill):
             self.batch_size = len(batch.reqs)
-            drafted = any(n > 1 for n in batch.num_new)
-            self.gate.record(self.batch_size, drafted, tokens, seconds)
-            self.is_open = self.gate.open(self.batch_size)
+            self.gate.record(self.batch_size, tokens, seconds)
+            self.is_open = self.gate.arm
 
     def length(self, req: Req) -> int:
         if self.max_tokens <= 0 or not self.is_open:

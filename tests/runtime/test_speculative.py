@@ -136,32 +136,40 @@ def test_budget_drafts_while_a_draft_token_pays_for_its_row():
     assert DraftBudget(max_tokens=5).length(req) == 5
 
 
-def test_gate_keeps_drafting_where_its_steps_produce_faster():
+def epoch(gate: DraftGate, batch: int, tokens: int, seconds: float) -> bool:
+    """Run one epoch of steps at this rate; returns the arm it ran."""
+    arm = gate.arm
+    for _ in range(DraftGate.EPOCH):
+        gate.record(batch, tokens, seconds)
+    return arm
+
+
+def test_gate_keeps_drafting_where_its_epochs_produce_faster():
     gate = DraftGate()
-    assert gate.open(32)  # nothing measured: drafting is tried first ...
-    gate.record(32, True, tokens=40, seconds=0.1)  # 400 tok/s with drafts
-    assert not gate.open(32)  # ... then a plain step
-    gate.record(32, False, tokens=32, seconds=0.05)  # 640 tok/s without
-    opened = [gate.open(32) for _ in range(32)]
-    assert opened.count(True) == 2  # off, but every 16th step explores
-    gate.record(1, True, tokens=5, seconds=0.04)  # 125 tok/s at batch 1 ...
-    gate.record(1, False, tokens=1, seconds=0.03)  # ... against 33
-    assert [gate.open(1) for _ in range(16)].count(False) == 1  # another bucket: on
-    for _ in range(40):  # the batch-32 drafts get better: the averages follow
-        gate.record(32, True, tokens=90, seconds=0.1)
-    assert gate.open(32) or gate.open(32)
+    gate.record(32, 32, 0.05)  # a new bucket begins an epoch, drafting allowed
+    assert epoch(gate, 32, 40, 0.1) is True  # 400 tok/s with drafting ...
+    assert epoch(gate, 32, 32, 0.05) is False  # ... 640 without
+    arms = [epoch(gate, 32, 32, 0.05 if not gate.arm else 0.1) for _ in range(16)]
+    assert arms.count(True) == 2  # off, but every 8th epoch explores
+    gate.record(1, 1, 0.03)  # another bucket: its own measurements
+    assert epoch(gate, 1, 5, 0.04) is True  # 125 tok/s drafting
+    assert epoch(gate, 1, 1, 0.03) is False  # 33 without
+    assert [epoch(gate, 1, 3, 0.03) for _ in range(8)].count(True) == 7
+    gate.record(32, 32, 0.05)
+    for _ in range(48):  # at batch 32 the drafts get better: explored, the averages follow
+        epoch(gate, 32, 90 if gate.arm else 32, 0.1 if gate.arm else 0.05)
+    assert gate.rates[(6, True)] > gate.rates[(6, False)] and gate.arm
 
 
 def test_budget_drafts_nothing_while_the_gate_is_closed():
     budget = DraftBudget(max_tokens=7)
-    batch = ScheduledBatch(
-        reqs=[make_req([1, 2])] * 4, num_new=[3, 1, 1, 1], is_prefill=[False] * 4
-    )
-    budget.observe(batch, seconds=0.1, tokens=5)  # a draft step: 50 tok/s
-    assert not budget.is_open and budget.length(make_req([1, 2])) == 0  # now measure plain
-    plain = ScheduledBatch(reqs=batch.reqs, num_new=[1] * 4, is_prefill=[False] * 4)
-    budget.observe(plain, seconds=0.01, tokens=4)  # 400 tok/s: drafting loses at 4
-    assert not budget.is_open
+    reqs = [make_req([1, 2]) for _ in range(4)]
+    decode = ScheduledBatch(reqs=reqs, num_new=[1] * 4, is_prefill=[False] * 4)
+    budget.observe(decode, seconds=0.1, tokens=4)
+    assert budget.is_open and budget.length(reqs[0]) > 0  # the first epoch drafts
+    for _ in range(DraftGate.EPOCH):
+        budget.observe(decode, seconds=0.1, tokens=5)  # 50 tok/s
+    assert not budget.is_open and budget.length(reqs[0]) == 0  # the second does not
 
 
 def test_config_takes_sglang_flags_and_refuses_others():
