@@ -62,6 +62,7 @@ def make_draft(req: Req, sources: list[DraftSource], context_len: int) -> None:
         if proposed := source.propose(req):
             req.draft = proposed[:room]
             req.num_draft_tokens += len(req.draft)
+            req.speculative_draft = getattr(source, "speculative", False)
             return
 
 

@@ -49,7 +49,6 @@ class OutputProcessor:
         if speculative is not None:
             self.drafts.append(NGramDraft(speculative))
         self._closing_tokens: ClosingTokens | None = None  # built on first use
-        self.step_tokens = 0
 
     def matcher_for(self, req: Req, matcher: Any) -> Any:
         """The request's constraint matcher, with early closing where its params ask for it."""
@@ -66,7 +65,6 @@ class OutputProcessor:
     ) -> list[Req]:
         """Advance every request in the batch; returns those that finished. logits: the
         model's, in its dtype (bfloat16 ones are widened unless only argmaxes are read)."""
-        self.step_tokens = 0  # output tokens this step appends (drafting measures them)
         logits = self.widen(batch.reqs, plans, logits)
         for req, n in zip(batch.reqs, batch.num_new):
             req.kv_len += n
@@ -95,6 +93,8 @@ class OutputProcessor:
             if req.finish is not None:
                 mark_closed_early(req)
                 done.append(req)
+        if self.budget is not None:  # the step's drafts, together, must pay for themselves
+            self.budget.settle(batch.reqs)
         return done
 
     @staticmethod
@@ -190,7 +190,6 @@ class OutputProcessor:
 
     def append_token(self, req: Req, token: int, logprob: float, top, i: int) -> None:
         req.output_ids.append(token)
-        self.step_tokens += 1
         req.sampling.record(token)
         if req.logprob.return_logprob:
             req.output_logprobs.append((logprob, token))

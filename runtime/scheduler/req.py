@@ -95,6 +95,7 @@ class Req:
     num_forced_tokens: int = 0  # verified draft tokens (they needed no forward of their own)
     num_draft_tokens: int = 0  # draft tokens proposed (speculative.py; SGLang's spec_* counts)
     num_drafts_cut: int = 0  # drafts the model refused before their end
+    speculative_draft: bool = False  # the pending draft is speculation's, not a constraint's
     num_decode_steps: int = 0  # forwards that sampled for this request (SGLang's spec_verify_ct)
     ngrams: NGramIndex | None = None  # its tokens' n-grams, for prompt lookup drafts
     stop: StopMatcher | None = None  # its stop strings and regexes over the decoded output

@@ -7,8 +7,10 @@ Drafts are verified like every draft (draft.py): the output is what decoding wit
 gives, so a wrong draft costs only time: its rows in the forward, and a step off the
 attention backend's decode path.
 
-Whether to draft at all at a batch size is measured (`DraftGate`: output tokens per second of
-epochs of decode steps with drafting allowed against epochs without, per batch-size bucket).
+Whether a step's drafts pay at all is measured too: the step-cost fit has a term for
+leaving the attention backend's one-row decode path, which any draft step pays whatever its
+rows; `DraftBudget.settle` drops a step's drafts when the tokens they are expected to save
+are worth less than that plus their rows.
 How many tokens a request drafts is `DraftBudget`'s decision each step, from the request's
 acceptance so far (a geometric model: each draft token stands with probability `a` once
 those before it stood) and the cost of a row (`StepCost`, fitted to the engine's own
@@ -24,6 +26,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .req import Req
 
@@ -66,106 +70,86 @@ class NGramIndex:
 
 
 class StepCost:
-    """Seconds a step takes against the rows it computes, fitted by least squares over the
-    recent steps: T(rows) = base + per_row * rows. Until the rows have varied (a prefill
-    and a decode step do), the extra row is taken as free."""
+    """Seconds a decode step takes, fitted by least squares over the recent ones:
+    T = base + per_row * rows + per_draft_step * [the step verifies drafts]. The last term is
+    what leaving the attention backend's one-row decode path costs, whatever the rows. A
+    term whose feature has not varied yet keeps its last value (zero at first: drafting is
+    tried, and so measured)."""
 
     def __init__(self, window: int = COST_WINDOW) -> None:
-        self.samples: deque[tuple[int, float]] = deque(maxlen=window)
-        self.base, self.per_row = 0.0, 0.0
+        self.samples: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self.base, self.per_row, self.per_draft_step = 0.0, 0.0, 0.0
 
-    def record(self, rows: int, seconds: float) -> None:
-        self.samples.append((rows, seconds))
-        n = len(self.samples)
-        mean_r = sum(r for r, _ in self.samples) / n
-        mean_t = sum(t for _, t in self.samples) / n
-        var = sum((r - mean_r) ** 2 for r, _ in self.samples)
-        if var > 0:
-            cov = sum((r - mean_r) * (t - mean_t) for r, t in self.samples)
-            self.per_row = max(cov / var, 0.0)
-        self.base = max(mean_t - self.per_row * mean_r, 0.0)
+    def record(self, rows: int, drafted: bool, seconds: float) -> None:
+        self.samples.append((rows, int(drafted), seconds))
+        data = np.array(self.samples, dtype=np.float64)
+        varied = [j for j in (0, 1) if np.ptp(data[:, j]) > 0]
+        known = np.array([self.per_row, self.per_draft_step])
+        fixed = [j for j in (0, 1) if j not in varied]
+        target = data[:, 2] - data[:, fixed] @ known[fixed]
+        design = np.column_stack([np.ones(len(data)), data[:, varied]])
+        coef = np.linalg.lstsq(design, target, rcond=None)[0]
+        for j, c in zip(varied, coef[1:]):
+            if j == 0:
+                self.per_row = max(float(c), 0.0)
+            else:
+                self.per_draft_step = max(float(c), 0.0)
+        self.base = max(float(coef[0]), 0.0)
 
-    def seconds(self, rows: int) -> float:
-        return self.base + self.per_row * rows
-
-
-class DraftGate:
-    """Whether drafting pays at a batch size, measured in epochs: EPOCH decode steps in a
-    row of one batch-size bucket (powers of two) with drafting allowed, or not, throughout.
-    An epoch's output tokens per second (its first step left out: it pays for the epoch
-    before, e.g. the attention backend's decode copy rebuilt after draft steps) updates that
-    arm's moving average; each epoch takes the faster arm, every EXPLORE-th the other one, so
-    both stay measured. Drafting starts allowed; the second epoch measures it off."""
-
-    EPOCH = 16
-    EXPLORE = 8
-    WEIGHT = 0.25  # of the newest epoch in a moving average
-
-    def __init__(self) -> None:
-        self.rates: dict[tuple[int, bool], float] = {}  # (bucket, drafting) -> tokens / s
-        self.epochs: dict[int, int] = {}  # epochs begun per bucket
-        self.bucket: int | None = None
-        self.arm = True  # drafting allowed in the current epoch
-        self.steps, self.tokens, self.seconds = 0, 0, 0.0
-
-    def record(self, batch_size: int, tokens: int, seconds: float) -> None:
-        """One decode step of the current epoch (a new bucket begins a new epoch)."""
-        bucket = batch_size.bit_length()
-        if bucket != self.bucket:
-            self._begin(bucket)
-            return
-        self.steps += 1
-        if self.steps > 1:
-            self.tokens += tokens
-            self.seconds += seconds
-        if self.steps >= self.EPOCH:
-            key, rate = (bucket, self.arm), self.tokens / max(self.seconds, 1e-9)
-            old = self.rates.get(key)
-            self.rates[key] = rate if old is None else old + self.WEIGHT * (rate - old)
-            self._begin(bucket)
-
-    def _begin(self, bucket: int) -> None:
-        n = self.epochs[bucket] = self.epochs.get(bucket, 0) + 1
-        on, off = self.rates.get((bucket, True)), self.rates.get((bucket, False))
-        if on is None or off is None:
-            self.arm = on is None
-        else:
-            self.arm = (on >= off) != (n % self.EXPLORE == 0)
-        self.bucket, self.steps, self.tokens, self.seconds = bucket, 0, 0, 0.0
+    def seconds(self, rows: int, drafted: bool = False) -> float:
+        return self.base + self.per_row * rows + self.per_draft_step * drafted
 
 
 @dataclass(slots=True)
 class DraftBudget:
-    """How many draft tokens a request gets this step (see the module)."""
+    """How many draft tokens a request gets, and whether a step's drafts pay at all (see the
+    module)."""
 
     max_tokens: int  # --speculative-num-draft-tokens minus the token the step samples anyway
     cost: StepCost = field(default_factory=StepCost)
-    gate: DraftGate = field(default_factory=DraftGate)
     batch_size: int = 1  # requests in the last decode step (the batch a draft will join)
-    is_open: bool = True  # the gate's decision for the drafts made after this step
 
-    def observe(self, batch: ScheduledBatch, seconds: float, tokens: int) -> None:
-        """One step's wall time against its rows, and the output tokens it produced. Prefill
-        steps enter the row fit too: their many rows measure a row's cost before any draft
-        has run; decode steps feed the gate and set the batch a draft joins."""
-        if not batch.reqs:
-            return
-        self.cost.record(sum(batch.num_new), seconds)
-        if not any(batch.is_prefill):
+    def observe(self, batch: ScheduledBatch, seconds: float) -> None:
+        """One step's wall time; decode steps (drafts verified or not) enter the fit."""
+        if batch.reqs and not any(batch.is_prefill):
             self.batch_size = len(batch.reqs)
-            self.gate.record(self.batch_size, tokens, seconds)
-            self.is_open = self.gate.arm
+            self.cost.record(sum(batch.num_new), any(n > 1 for n in batch.num_new), seconds)
+
+    @property
+    def per_token(self) -> float:
+        """What one sampled token costs now: a plain step's time over its requests."""
+        return self.cost.seconds(self.batch_size) / self.batch_size
 
     def length(self, req: Req) -> int:
-        if self.max_tokens <= 0 or not self.is_open:
+        if self.max_tokens <= 0:
             return 0
-        row = self.cost.per_row
-        per_token = self.cost.seconds(self.batch_size) / self.batch_size  # a sampled token's
+        row, per_token = self.cost.per_row, self.per_token
         if row <= 0 or per_token <= 0:
             return self.max_tokens
         # the j-th token pays while a^j * per_token > row: j < log(row / per_token) / log(a)
         worth = math.log(row / per_token) / math.log(acceptance(req))
         return max(0, min(self.max_tokens, math.ceil(worth) - 1))
+
+    def settle(self, reqs: list[Req]) -> None:
+        """Drop the step's speculative drafts unless, together, the tokens they are expected
+        to save are worth more than the draft step costs (its rows and leaving the decode
+        path). Constraint drafts stay: they are verified whatever the budget."""
+        drafts = [r for r in reqs if r.draft and r.speculative_draft]
+        if not drafts:
+            return
+        saved = sum(expected_accepted(acceptance(r), len(r.draft)) for r in drafts)
+        cost = self.cost.per_draft_step + self.cost.per_row * sum(len(r.draft) for r in drafts)
+        if saved * self.per_token > cost:
+            return
+        for r in drafts:
+            r.num_draft_tokens -= len(r.draft)
+            r.draft, r.speculative_draft = [], False
+
+
+def expected_accepted(a: float, k: int) -> float:
+    """Tokens expected to stand of a k-token draft when each stands with probability a once
+    those before it did: a + a^2 + ... + a^k."""
+    return a * (1 - a**k) / (1 - a) if a < 1 else float(k)
 
 
 def acceptance(req: Req) -> float:
@@ -178,6 +162,8 @@ class NGramDraft:
     """Prompt lookup over the request's verified tokens (prompt and output), as long as the
     budget allows; a constrained request's draft ends before the first token its grammar
     refuses."""
+
+    speculative = True  # its drafts are the budget's to keep or drop (DraftBudget.settle)
 
     def __init__(self, budget: DraftBudget, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM):
         self.budget, self.min_n, self.max_n = budget, min_n, max_n
@@ -207,6 +193,8 @@ class RadixDraft:
     cache holds every finished request's prompt and output, so a request that repeats one
     (a retried call, an agent step that recurs, the same question again) drafts the rest of
     the earlier answer along the most recently used path."""
+
+    speculative = True
 
     def __init__(self, budget: DraftBudget, tree: RadixTree):
         self.budget, self.tree = budget, tree

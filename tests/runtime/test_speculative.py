@@ -12,15 +12,14 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.sampling.params import SamplingParams
 from stemma.runtime.sampling.sampler import SamplingState
-from stemma.runtime.scheduler.batch import ScheduledBatch
 from stemma.runtime.scheduler.req import Req
 from stemma.runtime.scheduler.speculative import (
     DraftBudget,
-    DraftGate,
     NGramDraft,
     NGramIndex,
     StepCost,
     acceptance,
+    expected_accepted,
 )
 
 PARAGRAPH = (
@@ -92,21 +91,23 @@ def test_constrained_draft_ends_before_the_first_refused_token():
 
 
 # ---- how much to draft, from injected measurements ---------------------------------------------
-def fitted(base: float, per_row: float) -> StepCost:
+def fitted(base: float, per_row: float, per_draft_step: float = 0.0) -> StepCost:
     cost = StepCost()
-    for rows in (1, 2, 4, 8, 1, 3):
-        cost.record(rows, base + per_row * rows)
+    for rows, drafted in ((1, False), (2, True), (4, True), (8, True), (1, False), (3, True)):
+        cost.record(rows, drafted, base + per_row * rows + per_draft_step * drafted)
     return cost
 
 
-def test_step_cost_fits_base_and_per_row():
-    cost = fitted(0.030, 0.0005)
+def test_step_cost_fits_base_per_row_and_the_draft_step():
+    cost = fitted(0.030, 0.0005, 0.004)
     assert cost.base == pytest.approx(0.030)
     assert cost.per_row == pytest.approx(0.0005)
+    assert cost.per_draft_step == pytest.approx(0.004)
     flat = StepCost()
     for _ in range(4):
-        flat.record(1, 0.03)
-    assert flat.per_row == 0.0  # rows never varied: no slope measured
+        flat.record(1, False, 0.03)
+    assert (flat.per_row, flat.per_draft_step) == (0.0, 0.0)  # nothing varied: none measured
+    assert flat.base == pytest.approx(0.03)
 
 
 def test_budget_drafts_while_a_draft_token_pays_for_its_row():
@@ -136,40 +137,32 @@ def test_budget_drafts_while_a_draft_token_pays_for_its_row():
     assert DraftBudget(max_tokens=5).length(req) == 5
 
 
-def epoch(gate: DraftGate, batch: int, tokens: int, seconds: float) -> bool:
-    """Run one epoch of steps at this rate; returns the arm it ran."""
-    arm = gate.arm
-    for _ in range(DraftGate.EPOCH):
-        gate.record(batch, tokens, seconds)
-    return arm
+def drafted(req: Req, n: int) -> Req:
+    req.draft, req.speculative_draft = list(range(n)), True
+    req.num_draft_tokens += n
+    return req
 
 
-def test_gate_keeps_drafting_where_its_epochs_produce_faster():
-    gate = DraftGate()
-    gate.record(32, 32, 0.05)  # a new bucket begins an epoch, drafting allowed
-    assert epoch(gate, 32, 40, 0.1) is True  # 400 tok/s with drafting ...
-    assert epoch(gate, 32, 32, 0.05) is False  # ... 640 without
-    arms = [epoch(gate, 32, 32, 0.05 if not gate.arm else 0.1) for _ in range(16)]
-    assert arms.count(True) == 2  # off, but every 8th epoch explores
-    gate.record(1, 1, 0.03)  # another bucket: its own measurements
-    assert epoch(gate, 1, 5, 0.04) is True  # 125 tok/s drafting
-    assert epoch(gate, 1, 1, 0.03) is False  # 33 without
-    assert [epoch(gate, 1, 3, 0.03) for _ in range(8)].count(True) == 7
-    gate.record(32, 32, 0.05)
-    for _ in range(48):  # at batch 32 the drafts get better: explored, the averages follow
-        epoch(gate, 32, 90 if gate.arm else 32, 0.1 if gate.arm else 0.05)
-    assert gate.rates[(6, True)] > gate.rates[(6, False)] and gate.arm
+def test_a_steps_drafts_are_dropped_unless_together_they_pay_for_leaving_the_decode_path():
+    # 32 requests, a plain step 80 ms (2.5 ms a token), a row 0.5 ms, a draft step +20 ms
+    budget = DraftBudget(max_tokens=7, cost=fitted(0.064, 0.0005, 0.020), batch_size=32)
+    poor = [drafted(make_req([1, 2]), 2) for _ in range(3)]  # a = 1/2: 0.75 tokens each
+    budget.settle(poor)  # 2.25 tokens * 2.5 ms < 20 ms + 3 ms
+    assert all(r.draft == [] and r.num_draft_tokens == 0 for r in poor)
+    good = [drafted(make_req([1, 2]), 4) for _ in range(12)]
+    for r in good:
+        r.num_forced_tokens = 40  # a = 41/42: ~3.8 tokens each
+    budget.settle(good)  # ~45 tokens * 2.5 ms > 20 ms + 24 ms
+    assert all(len(r.draft) == 4 for r in good)
+    jump = make_req([1, 2])
+    jump.draft = [5, 6]  # a constraint's forced text: never the budget's to drop
+    budget.settle([jump, *poor])
+    assert jump.draft == [5, 6]
 
 
-def test_budget_drafts_nothing_while_the_gate_is_closed():
-    budget = DraftBudget(max_tokens=7)
-    reqs = [make_req([1, 2]) for _ in range(4)]
-    decode = ScheduledBatch(reqs=reqs, num_new=[1] * 4, is_prefill=[False] * 4)
-    budget.observe(decode, seconds=0.1, tokens=4)
-    assert budget.is_open and budget.length(reqs[0]) > 0  # the first epoch drafts
-    for _ in range(DraftGate.EPOCH):
-        budget.observe(decode, seconds=0.1, tokens=5)  # 50 tok/s
-    assert not budget.is_open and budget.length(reqs[0]) == 0  # the second does not
+def test_expected_accepted_is_the_geometric_sum():
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert expected_accepted(1.0, 4) == 4
 
 
 def test_config_takes_sglang_flags_and_refuses_others():
