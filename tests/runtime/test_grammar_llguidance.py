@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import stemma
 from stemma.runtime.constrained.backend import check_spec
-from stemma.runtime.constrained.llguidance_backend import LLGuidanceMatcher, LLGuidanceService
+from stemma.runtime.constrained.llguidance_backend import LLGuidanceService
 from stemma.runtime.constrained.llguidance_grammar import Resolution, Resolutions
+from stemma.runtime.constrained.llguidance_matcher import LLGuidanceMatcher
 from stemma.runtime.constrained.spec import ConstraintSpec
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import stemma
+from stemma.runtime.constrained.json_scanner import JsonScanner
 from stemma.runtime.constrained.unique_items import canonical, unique_arrays
-from stemma.runtime.constrained.unique_matcher import JsonScanner
 
 INT, STR = {"type": "integer"}, {"type": "string"}
 TAGS = {"type": "array", "items": STR, "uniqueItems": True}

@@ -1,0 +1,273 @@
+"""`JsonScanner`: where an output's bytes stand as JSON (a grammar keeps them valid), and whether
+they break `uniqueItems` (unique_items.py) or an object's `KeyRule` (property_order.py).
+
+It keeps the instance path of every open container; for each array that must hold unique items,
+the items seen so far; for each object with a key rule, its keys so far. An item counts once it
+cannot grow: a string at its closing quote, a container at its closing bracket, a literal at its
+last letter, a number at the byte after it; `feed` fails at the byte that completes a repeat. A
+key fails at its closing quote when it repeats one or leaves no room under maxProperties for the
+required keys still missing, and at any byte after which no allowed key can begin with it (a
+closed object's names); the closing brace fails while a required key is missing or minProperties
+is not reached. A `trial_copy` records its items apart, so trying a token changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .property_order import KeyRule, ObjectKeys
+from .unique_items import UniqueArrays, canonical
+
+_LITERALS = (b"true", b"false", b"null")
+_NUMBER = frozenset(b"0123456789.eE+-")
+_SPACE = frozenset(b" \t\n\r")
+# scanner states
+VALUE, KEY_START, KEY, COLON, STRING, NUMBER, LITERAL, AFTER = range(8)
+
+
+class _Frame:
+    __slots__ = (
+        "is_array",
+        "at",
+        "unique",
+        "seen",
+        "texts",
+        "tried",
+        "item_start",
+        "in_item",
+        "rule",
+        "keys",
+        "key_texts",
+    )
+
+    def __init__(self, is_array: bool, unique: bool, rule: KeyRule | None = None) -> None:
+        self.is_array, self.unique, self.rule = is_array, unique, rule
+        self.at: Any = 0 if is_array else None  # current index or key
+        self.seen: set[Any] = set()  # canonical items taken
+        self.texts: list[bytes] = []  # and as written
+        self.tried: set[Any] = set()  # canonical items completed on a trial copy
+        self.item_start, self.in_item = 0, False
+        # an object's keys so far, and as written; replaced, never changed, so copies share them
+        self.keys: frozenset[str] = frozenset()
+        self.key_texts: tuple[bytes, ...] = ()
+
+    def copy(self) -> _Frame:
+        f = _Frame(self.is_array, self.unique, self.rule)
+        f.at, f.seen, f.texts = self.at, self.seen, self.texts
+        f.item_start, f.in_item = self.item_start, self.in_item
+        f.keys, f.key_texts = self.keys, self.key_texts
+        return f
+
+    def has_room(self, name: str | None) -> bool:
+        """One more key (`name`, or one not required) leaves room for the missing ones."""
+        rule = self.rule
+        if rule is None or rule.max_count is None:
+            return True
+        missing = rule.required - self.keys - {name}
+        return len(self.keys) + 1 + len(missing) <= rule.max_count
+
+    def key_pool(self) -> frozenset[str] | None:
+        """The keys that may still come, where they are finitely many (None: any key)."""
+        rule = self.rule
+        if rule is None:
+            return None
+        if rule.names is not None:
+            return frozenset(n for n in rule.names - self.keys if self.has_room(n))
+        if self.has_room(None):
+            return None
+        return frozenset(n for n in rule.required - self.keys if self.has_room(n))
+
+
+class JsonScanner:
+    """Where the JSON bytes so far stand; `feed` returns False at a repeated unique item."""
+
+    def __init__(self, arrays: UniqueArrays, keys: ObjectKeys | None = None) -> None:
+        self.arrays, self.keys = arrays, keys
+        self.stack: list[_Frame] = []
+        self.state, self.escape, self.word, self.word_start = VALUE, False, b"", 0
+        self.text = bytearray()
+        self.trial = False  # a copy: items go to `tried`, never to `seen`
+
+    @property
+    def watching(self) -> bool:
+        """Some open container is a unique array or an object with a key rule."""
+        return any(f.unique or f.rule is not None for f in self.stack)
+
+    def may_repeat(self) -> bool:
+        """An item or key in progress is, so far, the beginning of an earlier one as written."""
+        return bool(self.rests())
+
+    def rests(self) -> list[bytes]:
+        """What is left to write of each earlier item the item in progress begins (all of
+        each where an item is about to start), and of each earlier key of the object the
+        key in progress begins."""
+        out = []
+        for i, f in enumerate(self.stack):
+            starting = i == len(self.stack) - 1 and self.state == VALUE
+            if f.unique and (f.in_item or starting):
+                sofar = bytes(self.text[f.item_start :]) if f.in_item else b""
+                out += [text[len(sofar) :] for text in f.texts if text.startswith(sofar)]
+        if self.state == KEY and self.stack[-1].rule is not None:
+            sofar = bytes(self.text[self.word_start :])
+            out += [t[len(sofar) :] for t in self.stack[-1].key_texts if t.startswith(sofar)]
+        return out
+
+    def key_rests(self) -> list[bytes] | None:
+        """In a key of an object whose possible keys are finitely many: what is left to write
+        of each (closing quote included); None anywhere else."""
+        if self.state != KEY or (pool := self.stack[-1].key_pool()) is None:
+            return None
+        sofar = bytes(self.text[self.word_start + 1 :])
+        written = [_key_bytes(n) for n in pool]
+        return [w[len(sofar) :] + b'"' for w in written if w.startswith(sofar)]
+
+    @property
+    def in_string(self) -> bool:
+        return self.state in (STRING, KEY)
+
+    def trial_copy(self) -> JsonScanner:
+        s = JsonScanner.__new__(JsonScanner)
+        s.arrays, s.keys, s.stack = self.arrays, self.keys, [f.copy() for f in self.stack]
+        s.state, s.escape, s.word, s.word_start = (
+            self.state,
+            self.escape,
+            self.word,
+            self.word_start,
+        )
+        s.text, s.trial = bytearray(self.text), True
+        return s
+
+    def feed(self, data: bytes) -> bool:
+        for byte in data:
+            self.text.append(byte)
+            if not self._step(byte):
+                return False
+        return True
+
+    def _step(self, byte: int) -> bool:
+        state = self.state
+        if state in (STRING, KEY):
+            if self.escape:
+                self.escape = False
+            elif byte == 0x5C:  # backslash
+                self.escape = True
+            elif byte == 0x22:  # closing quote
+                if state == KEY:
+                    self.state = COLON
+                    return self._key(json.loads(self.text[self.word_start :].decode()))
+                self.state = AFTER
+                return self._completed()
+            return state == STRING or self._key_viable()
+        if state == NUMBER:
+            if byte in _NUMBER:
+                return True
+            self.state = AFTER
+            self.text.pop()
+            done = self._completed()
+            self.text.append(byte)
+            return done and self._step(byte)
+        if state == LITERAL:
+            self.word += bytes([byte])
+            if self.word in _LITERALS:
+                self.state = AFTER
+                return self._completed()
+            return True
+        if byte in _SPACE:
+            return True
+        if state == KEY_START:
+            if byte == 0x22:
+                self.state, self.word_start = KEY, len(self.text) - 1
+            elif byte == 0x7D:  # } of an empty object
+                return self._close()
+            return self._key_viable()
+        if state == COLON:
+            self.state = VALUE if byte == 0x3A else COLON
+            return True
+        if state == AFTER:
+            return self._after(byte)
+        return self._value(byte)
+
+    def _value(self, byte: int) -> bool:
+        if self.stack and self.stack[-1].is_array:
+            if byte == 0x5D:  # ] of an empty array
+                return self._close()
+            self.stack[-1].item_start, self.stack[-1].in_item = len(self.text) - 1, True
+        if byte in (0x7B, 0x5B):  # { or [
+            is_array = byte == 0x5B
+            path = [f.at for f in self.stack]
+            unique = is_array and self.arrays.applies(path)
+            rule = None if is_array or self.keys is None else self.keys.at(path)
+            self.stack.append(_Frame(is_array, unique, rule))
+            self.state = VALUE if is_array else KEY_START
+        elif byte == 0x22:
+            self.state = STRING
+        elif byte in _NUMBER:
+            self.state = NUMBER
+        else:
+            self.state, self.word = LITERAL, bytes([byte])
+        return True
+
+    def _after(self, byte: int) -> bool:
+        if byte == 0x2C:  # ,
+            top = self.stack[-1]
+            if top.is_array:
+                top.at += 1
+                self.state = VALUE
+                return True
+            self.state = KEY_START
+            return top.rule is None or top.key_pool() != frozenset()
+        if byte in (0x5D, 0x7D):
+            return self._close()
+        return True
+
+    def _close(self) -> bool:
+        rule, keys = self.stack[-1].rule, self.stack[-1].keys
+        if rule is not None and (len(keys) < rule.min_count or not rule.required <= keys):
+            return False
+        self.stack.pop()
+        self.state = AFTER
+        return self._completed()
+
+    def _key(self, key: str) -> bool:
+        """A key just ended: under a key rule, new and leaving room for the missing ones."""
+        top = self.stack[-1]
+        top.at = key
+        if top.rule is None:
+            return True
+        if key in top.keys or not top.has_room(key):
+            return False
+        top.keys = top.keys | {key}
+        top.key_texts = (*top.key_texts, bytes(self.text[self.word_start :]))
+        return True
+
+    def _key_viable(self) -> bool:
+        """Some key that may still come begins with the key so far (where they are finitely
+        many; a key written with escapes is left to its closing quote)."""
+        if self.state != KEY or (pool := self.stack[-1].key_pool()) is None:
+            return True
+        sofar = bytes(self.text[self.word_start + 1 :])
+        return b"\\" in sofar or any(_key_bytes(n).startswith(sofar) for n in pool)
+
+    def _completed(self) -> bool:
+        """A value just ended: as an item of a unique array, it must be new."""
+        if not (self.stack and self.stack[-1].is_array):
+            return True
+        top = self.stack[-1]
+        top.in_item = False
+        if not top.unique:
+            return True
+        text = bytes(self.text[top.item_start :])
+        item = canonical(json.loads(text.decode()))
+        if item in top.seen or item in top.tried:
+            return False
+        if self.trial:
+            top.tried.add(item)
+        else:
+            top.seen.add(item)
+            top.texts.append(text)
+        return True
+
+
+def _key_bytes(name: str) -> bytes:
+    return json.dumps(name, ensure_ascii=False)[1:-1].encode()
