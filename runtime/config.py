@@ -6,11 +6,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..lang.sampling_table import GRAMMAR_BACKENDS  # one table of grammar backends
-from .scheduler.draft import MAX_DRAFT_TOKENS
 from .weight_plan import QUANTIZATION_METHODS  # the weight forms' names live with the plan
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
 SPECULATIVE_ALGORITHMS = (None, "NGRAM")
+MAX_DRAFT_TOKENS = 64  # one draft's tokens, well inside a matcher's rollback window (1024)
 
 
 @dataclass(frozen=True, slots=True)

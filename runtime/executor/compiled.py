@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,10 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch._inductor.config
 
-from ..models.decoder import DecoderLayer
-
 if TYPE_CHECKING:
-    from ..models.decoder import DecoderForCausalLM
+    from ..models.decoder import DecoderForCausalLM, DecoderLayer
     from .forward_batch import ForwardBatch
 
 log = logging.getLogger("stemma.engine")
@@ -34,10 +33,10 @@ RECOMPILE_LIMIT = 64  # Dynamo's per-function limit; a graph per layer would sta
 
 
 class CompiledLayers:
-    def __init__(self, max_rows: int) -> None:
+    def __init__(self, layer_cls: type[DecoderLayer], max_rows: int) -> None:
         self.max_rows = max_rows
-        self._before = torch.compile(DecoderLayer.before_attention)
-        self._after = torch.compile(DecoderLayer.after_attention)
+        self._before = torch.compile(layer_cls.before_attention)
+        self._after = torch.compile(layer_cls.after_attention)
         self.compile_s = 0.0  # warm_up's compile (or cache load) time
 
     def takes(self, fb: ForwardBatch) -> bool:
@@ -59,9 +58,12 @@ class CompiledLayers:
         torch._inductor.config.emulate_precision_casts = True
         dynamo = torch._dynamo.config
         dynamo.cache_size_limit = max(dynamo.cache_size_limit, RECOMPILE_LIMIT)
-        compiled = cls(max_rows)
-        start = time.perf_counter()
-        compiled.warm_up(model)
+        compiled = cls(type(model.layers[0]), max_rows)
+        start, depth = time.perf_counter(), sys.getrecursionlimit()
+        try:
+            compiled.warm_up(model)
+        finally:  # Inductor lifts the interpreter's recursion limit for good; the server's
+            sys.setrecursionlimit(depth)  # bounds on nested request bodies rely on it
         compiled.compile_s = time.perf_counter() - start
         log.info(
             "compiled decoder layers in %.1f s (Inductor cache: %s, %.1f MB)",

@@ -12,7 +12,7 @@ once, none unknown).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -36,9 +36,18 @@ from .weights import FORMS, LinearSpec, WeightForm, build_form
 
 if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
     from ..executor.attention import AttentionBackend
-    from ..executor.compiled import CompiledLayers
     from ..executor.forward_batch import ForwardBatch
     from ..executor.memory import KVPool
+
+
+class CompiledLayers(Protocol):
+    """The layers' halves around attention, compiled (executor/compiled.py)."""
+
+    def takes(self, fb: ForwardBatch) -> bool: ...
+
+    def before(self, layer: DecoderLayer) -> Any: ...
+
+    def after(self, layer: DecoderLayer) -> Any: ...
 
 
 def make_norm(cfg: ModelConfig, dim: int, dtype: torch.dtype) -> RMSNorm:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ..config import MAX_DRAFT_TOKENS
 from .req import FinishReason, Req
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
-
-MAX_DRAFT_TOKENS = 64  # well inside the Matcher's rollback window (MAX_ROLLBACK = 1024)
 
 
 class DraftSource(Protocol):

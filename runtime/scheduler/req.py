@@ -19,7 +19,7 @@ from ..sampling.sampler import SamplingState
 if TYPE_CHECKING:
     from ...radix import RadixNode
     from ..constrained.backend import GrammarHandleLike, GrammarMatcher
-    from .speculative import NGramIndex
+    from .ngram import NGramIndex
     from .stop import StopMatcher
 
 

@@ -6,6 +6,7 @@ q/k norms); a weight form Inductor cannot lower runs eager, and model info says 
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 from stemma.runtime.config import EngineConfig
@@ -44,8 +45,10 @@ def test_compiled_layers_equal_eager_in_float64(family, tiny_llama_dir, tmp_path
     else:
         ckpt = build_family(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3")
     tmp = tmp_path_factory.mktemp("compiled")
+    depth = sys.getrecursionlimit()
     ids_eager, lp_eager = run(ckpt, False, tmp)
     ids_compiled, lp_compiled = run(ckpt, True, tmp)
+    assert sys.getrecursionlimit() == depth  # Inductor's raise undone (the server relies on it)
     assert ids_compiled == ids_eager
     # The norms normalize in float32 (as HF's do, even in a float64 model); Inductor's fused
     # reduction sums in another order, so values agree to float32 rounding, not bit for bit.

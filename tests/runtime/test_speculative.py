@@ -12,11 +12,11 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.sampling.params import SamplingParams
 from stemma.runtime.sampling.sampler import SamplingState
+from stemma.runtime.scheduler.ngram import NGramIndex
 from stemma.runtime.scheduler.req import Req
 from stemma.runtime.scheduler.speculative import (
     DraftBudget,
     NGramDraft,
-    NGramIndex,
     StepCost,
     acceptance,
     expected_accepted,
@@ -250,13 +250,16 @@ def chi2_p_value(a: Counter, b: Counter) -> float:
     return float(torch.special.gammaincc(df, stat / 2))
 
 
-def test_unseeded_sampling_keeps_the_distribution():
+def test_unseeded_sampling_keeps_the_distribution(monkeypatch):
     """Without seeds the draws differ, but each position's distribution and the joint one of
     the first two tokens stay the model's, with drafts standing and cut along the way."""
+    # Steps measured as free, so every draft that matches is verified (what this CPU
+    # measures would decide how many: the test is about the draws, not the budget).
+    monkeypatch.setattr(StepCost, "record", lambda self, rows, drafted, seconds: None)
     n, new = 192, 6
     samples, metrics = {}, {}
     for algo, seed in ((None, 1), ("NGRAM", 2)):
-        with Engine(  # eight at a time: a batch where drafting pays (see the budget test)
+        with Engine(  # eight at a time
             "smollm2-135m",
             kv_cache_mb=128,
             random_seed=seed,
