@@ -25,7 +25,7 @@ from .scheduler.batch import ScheduledBatch
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.planner import prepare_step
 from .scheduler.scheduler import Scheduler
-from .scheduler.speculative import DraftBudget, RadixDraft
+from .scheduler.speculative import DraftBudget, speculative_sources
 from .tokenizer import Tokenizer
 from .weight_plan import WeightPlan, plan_weights
 
@@ -66,8 +66,8 @@ def build_core(
         tokenizer, sampler, runner.context_len, cfg.enable_jump_forward, budget
     )
     scheduler = Scheduler(cfg, runner, outputs.matcher_for)
-    if budget is not None and scheduler.tree is not None:  # before prompt lookup: exact history
-        outputs.drafts.insert(len(outputs.drafts) - 1, RadixDraft(budget, scheduler.tree))
+    if budget is not None:
+        outputs.drafts += speculative_sources(budget, scheduler.tree)
     return EngineCore(runner, outputs, scheduler)
 
 

@@ -78,7 +78,7 @@ class ModelRunner:
                     self.model, cfg.torch_compile_max_bs, cache / "inductor"
                 )
             except Exception as e:  # noqa: BLE001 - a form Inductor cannot lower runs eager
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                first = (str(e).strip().splitlines() or [""])[0]
                 self.compile_note = (
                     f"off: the {self.plan.linear_form!r} linears did not compile "
                     f"({type(e).__name__}: {first[:200]})"

@@ -22,6 +22,8 @@ class DraftSource(Protocol):
     """Proposes the tokens a request may write next, verified in the next forward. Output
     never depends on a source: a draft token stands only where the model samples it too."""
 
+    speculative: bool  # its drafts are speculation's, kept only where they pay (speculative.py)
+
     def propose(self, req: Req) -> list[int]:
         """Token ids to verify after req's last verified token ([] for none)."""
         ...
@@ -30,6 +32,8 @@ class DraftSource(Protocol):
 class ConstraintDraft:
     """The text the request's constraint forces next (jump-forward). The matcher is left where
     it was: its tokens are accepted as they are verified."""
+
+    speculative = False
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -61,7 +65,7 @@ def make_draft(req: Req, sources: list[DraftSource], context_len: int) -> None:
         if proposed := source.propose(req):
             req.draft = proposed[:room]
             req.num_draft_tokens += len(req.draft)
-            req.speculative_draft = getattr(source, "speculative", False)
+            req.speculative_draft = source.speculative
             return
 
 

@@ -23,7 +23,7 @@ from .batch import ScheduledBatch
 from .draft import ConstraintDraft, DraftSource, accept_into_grammar, drop_draft, make_draft
 from .planner import RowPlan
 from .req import FinishKind, FinishReason, Req
-from .speculative import DraftBudget, NGramDraft
+from .speculative import DraftBudget
 from .stop import StopMatcher, StopSpec
 
 log = logging.getLogger("stemma.outputs")
@@ -43,11 +43,9 @@ class OutputProcessor:
         self.context_len = context_len
         self.eos_ids = tokenizer.eos_token_ids
         # Where drafts come from, first proposal wins: the text a constraint forces
-        # (jump-forward), then prompt lookup (speculative decoding, when on).
+        # (jump-forward), then speculation's sources (build_core adds them, when on).
         self.drafts: list[DraftSource] = [ConstraintDraft(tokenizer)] if jump_forward else []
-        self.budget = speculative
-        if speculative is not None:
-            self.drafts.append(NGramDraft(speculative))
+        self.budget = speculative  # prices the speculative drafts (speculative.py)
         self._closing_tokens: ClosingTokens | None = None  # built on first use
 
     def matcher_for(self, req: Req, matcher: Any) -> Any:

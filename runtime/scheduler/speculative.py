@@ -1,23 +1,20 @@
-"""Speculative decoding without a draft model: SGLang's NGRAM algorithm (prompt lookup).
+"""Speculative decoding without a draft model (SGLang's NGRAM algorithm): two draft sources
+after the constraint's forced text. `RadixDraft` proposes what the radix cache holds after
+the request's exact sequence so far (an earlier answer to the same prompt); `NGramDraft`
+proposes what followed the latest earlier occurrence of the request's last n tokens (n from
+`MAX_NGRAM` down to `MIN_NGRAM`) in its own prompt and output: a rewrite, code edited in
+place, a quoted document. Drafts are verified like every draft (draft.py), so a wrong one
+costs only time: its rows in the forward, and a step off the attention backend's decode path.
 
-`NGramDraft` proposes what followed the most recent earlier occurrence of the request's last
-n tokens (n from `MAX_NGRAM` down to `MIN_NGRAM`) in its own prompt and output: a rewrite of
-a given text, code edited in place, a quoted document, a multi-turn chat that repeats itself.
-Drafts are verified like every draft (draft.py): the output is what decoding without them
-gives, so a wrong draft costs only time: its rows in the forward, and a step off the
-attention backend's decode path.
-
-Whether a step's drafts pay at all is measured too: the step-cost fit has a term for
-leaving the attention backend's one-row decode path, which any draft step pays whatever its
-rows; `DraftBudget.settle` drops a step's drafts when the tokens they are expected to save
-are worth less than that plus their rows.
-How many tokens a request drafts is `DraftBudget`'s decision each step, from the request's
+`DraftBudget` decides from measurements. How many tokens a request drafts: from its
 acceptance so far (a geometric model: each draft token stands with probability `a` once
-those before it stood) and the cost of a row (`StepCost`, fitted to the engine's own
-steps): the j-th draft token is worth its row while a^j * T(B) / B > c, for a step of B rows
-taking T(B) seconds and c seconds per extra row. So one request on a CPU, where weights
-dominate and a row costs about 1% of the step, drafts whenever anything matches; a large
-batch drafts only what almost always stands, and not at all where its epochs measure slower.
+those before it stood) and the cost of a row (`StepCost`, fitted to the engine's own decode
+steps), the j-th draft token being worth its row while a^j * T(B) / B > c, for a step of B
+rows taking T(B) seconds and c seconds per extra row. Whether a step's drafts pay at all
+(`settle`): the fit has a term d for leaving the decode path, which any draft step pays
+whatever its rows, and the drafts go unless the tokens they are expected to save outweigh d
+plus their rows. So one request on a CPU, where weights dominate, drafts whenever anything
+matches; a large batch drafts only what is likely to stand, and only where it pays for d.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from .req import Req
 if TYPE_CHECKING:
     from ...radix import RadixTree
     from .batch import ScheduledBatch
+    from .draft import DraftSource
 
 COST_WINDOW = 256  # steps the row-cost fit remembers
 
@@ -145,13 +143,10 @@ class NGramDraft:
         index = req.ngrams
         if index is None:
             index = req.ngrams = NGramIndex(self.max_n)
-        done = len(index.tokens)
-        size = len(req.input_ids) + len(req.output_ids)
-        if done < len(req.input_ids):
-            index.extend(req.input_ids[done:])
-            done = len(req.input_ids)
-        if done < size:
-            index.extend(req.output_ids[done - len(req.input_ids) :])
+        prompt = req.input_ids  # the index holds prompt + output so far; feed what is new
+        if len(index.tokens) < len(prompt):
+            index.extend(prompt[len(index.tokens) :])
+        index.extend(req.output_ids[len(index.tokens) - len(prompt) :])
         draft = index.lookup(limit, self.min_n)
         if draft and req.grammar is not None:
             draft = allowed_prefix(req.grammar, draft)
@@ -185,6 +180,11 @@ class RadixDraft:
         if draft and req.grammar is not None:
             draft = allowed_prefix(req.grammar, draft)
         return draft
+
+
+def speculative_sources(budget: DraftBudget, tree: RadixTree | None) -> list[DraftSource]:
+    """The NGRAM sources, in order: the radix tree's exact history first, then prompt lookup."""
+    return [*([RadixDraft(budget, tree)] if tree is not None else []), NGramDraft(budget)]
 
 
 def allowed_prefix(matcher, draft: list[int]) -> list[int]:
