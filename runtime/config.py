@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..lang.sampling_table import GRAMMAR_BACKENDS  # one table of grammar backends
-from .weight_plan import QUANTIZATION_METHODS  # the weight forms' names live with the plan
+from .weight_plan import QUANTIZATION_METHODS, QUANTIZATION_NONE  # names live with the plan
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "float64")
 SPECULATIVE_ALGORITHMS = (None, "NGRAM")
@@ -18,7 +18,9 @@ class EngineConfig:
     model: str = "smollm2-135m"
     dtype: str = "auto"  # see runtime/dtype_policy.py: bfloat16 only where it is native
     device: str = "cpu"
-    quantization: str | None = None  # QUANTIZATION_METHODS (CPU); runtime/weight_plan.py
+    # QUANTIZATION_METHODS (CPU), or "none": dequantized; None (default) leaves a quantized
+    # GGUF's own 4-bit blocks to dtype "auto"'s measured plan (runtime/weight_plan.py)
+    quantization: str | None = None
     attention_backend: str = "auto"  # torch on CPU, triton on CUDA
     kv_cache_mb: int = 512  # memory budget for the KV pool
     max_total_tokens: int | None = None  # KV slots; overrides kv_cache_mb when set
@@ -71,11 +73,11 @@ class EngineConfig:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         if self.quantization is not None:
-            if self.quantization not in QUANTIZATION_METHODS:
-                raise ValueError(
-                    f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}"
-                )
-            if self.device != "cpu":
+            allowed = (*QUANTIZATION_METHODS, QUANTIZATION_NONE)
+            if self.quantization not in allowed:
+                got = self.quantization
+                raise ValueError(f"quantization must be one of {allowed}, got {got!r}")
+            if self.device != "cpu" and self.quantization != QUANTIZATION_NONE:
                 raise ValueError(
                     f"quantization {self.quantization!r} uses torch's packed CPU kernels; "
                     f"device {self.device!r} runs without quantization"
@@ -155,7 +157,7 @@ class EngineConfig:
             )
         if self.tp_size > 1 and self.enable_torch_compile:
             raise ValueError("enable_torch_compile with tp_size > 1 is not supported")
-        if self.tp_size > 1 and self.quantization is not None:
+        if self.tp_size > 1 and self.quantization not in (None, QUANTIZATION_NONE):
             raise ValueError("quantization with tp_size > 1 is not supported")
 
     @property

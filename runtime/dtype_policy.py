@@ -120,7 +120,7 @@ def measured_slowdown(
     def linear_time(dtype: torch.dtype) -> float:
         x = torch.randn(rows, hidden, dtype=dtype)
         w = torch.randn(inter, hidden, dtype=dtype)
-        return _best_time(lambda: F.linear(x, w))
+        return best_time(lambda: F.linear(x, w))
 
     return linear_time(slow) / linear_time(fast)
 
@@ -170,8 +170,8 @@ def fp16_weights_win(hidden: int, inter: int, weight_bytes: int = 64 << 20) -> b
     fp16_matmul = torch.ops.quantized.linear_dynamic_fp16
     for rows in (1, 8, 64):
         x = torch.randn(rows, hidden)
-        full = _best_time(lambda x=x: [F.linear(x, w) for w in weights])
-        half = _best_time(lambda x=x: [fp16_matmul(x, p) for p in packed])
+        full = best_time(lambda x=x: [F.linear(x, w) for w in weights])
+        half = best_time(lambda x=x: [fp16_matmul(x, p) for p in packed])
         if half >= full:
             return False
     return True
@@ -202,15 +202,15 @@ def bfloat16_small_step_rows(
     rows = 1
     while rows <= max_rows:
         x = torch.randn(rows, hidden)
-        full = _best_time(lambda x=x: [F.linear(x, w) for w in weights])
-        half = _best_time(lambda x=x: [F.linear(x.to(torch.bfloat16), w) for w in halves])
+        full = best_time(lambda x=x: [F.linear(x, w) for w in weights])
+        half = best_time(lambda x=x: [F.linear(x.to(torch.bfloat16), w) for w in halves])
         if half >= full:
             break
         best, rows = rows, rows * 2
     return best
 
 
-def _best_time(fn: Callable[[], object], repeats: int = 3) -> float:
+def best_time(fn: Callable[[], object], repeats: int = 3) -> float:
     fn()
     times = []
     for _ in range(repeats):

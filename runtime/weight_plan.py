@@ -15,8 +15,12 @@ from typing import Protocol
 
 log = logging.getLogger("stemma.dtype")
 
-# --quantization: int8 / int4 weight-only and w8a8_int8 (int8 weights and activations)
+# --quantization: int8 / int4 weight-only and w8a8_int8 (int8 weights and activations);
+# "none" holds a quantized checkpoint dequantized, in the dtype (never its own blocks).
 QUANTIZATION_METHODS = ("int8", "int4", "w8a8_int8")
+QUANTIZATION_NONE = "none"
+# The forms a checkpoint may carry its own blocks in (a GGUF's Q4_0 / Q4_1: int4).
+OWN_FORMS = ("int4",)
 # Every form's name (models/weights.FORMS has one class for each): "plain" is F.linear,
 # "packed" oneDNN's blocked bfloat16 layout, "small_steps" a bfloat16 copy for steps of few
 # rows, "fp16" float16 weights in fbgemm's float32 matmul.
@@ -36,6 +40,10 @@ class WeightPlan:
     transposed_vocab_rows: int = 0
     # why the weights compute otherwise than the dtype says (a measured choice); "" if not
     reason: str = ""
+    # The checkpoint's own blocks (a name of OWN_FORMS) multiply steps of at most own_rows
+    # rows, the linear form the rest ("": none); dtype "auto" with a GGUF's 4-bit linears.
+    own_form: str = ""
+    own_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.linear_form not in LINEAR_FORMS or self.vocab_form not in VOCAB_FORMS:
@@ -53,6 +61,27 @@ class WeightPlan:
                 f"weight plan: small_step_rows={self.small_step_rows} (> 0 exactly with form "
                 f"small_steps), transposed_vocab_rows={self.transposed_vocab_rows} (>= 0)"
             )
+
+        if (self.own_form and self.own_form not in OWN_FORMS) or (
+            self.own_rows < 0 or bool(self.own_form) != (self.own_rows > 0)
+        ):
+            raise ValueError(
+                f"weight plan: own form {self.own_form!r} (one of {OWN_FORMS} or '') with "
+                f"own_rows={self.own_rows} (> 0 exactly with an own form)"
+            )
+
+    def with_own_blocks(self, form: str, rows: int, checkpoint: str) -> WeightPlan:
+        """This plan with the checkpoint's own blocks in `form` for steps of at most `rows`
+        rows (measured: the most rows at which they beat this plan's linear form; 0 keeps
+        the plan, noting why). checkpoint: what carries them, for the reason."""
+        if rows == 0:
+            note = f"{checkpoint}'s own {form} blocks measured slower than {self.linear_form}"
+            return dataclasses.replace(self, reason=_joined(self.reason, note))
+        note = f"steps of <= {rows} rows multiply {checkpoint}'s own {form} blocks (measured)"
+        log.info("%s", note)
+        return dataclasses.replace(
+            self, own_form=form, own_rows=rows, reason=_joined(self.reason, note)
+        )
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -102,13 +131,14 @@ def plan_weights(
     weight_bytes: int = 0,
 ) -> WeightPlan:
     """The plan for a model of `dtype` (a resolved name, e.g. "float32") on `device`: the
-    quantization asked for; packed weights where oneDNN runs bfloat16; with `auto` (dtype
-    "auto" was asked for) a float32 model on a CPU without native bfloat16 holds its weights
-    as float16 for fbgemm if that measured faster, else gets bfloat16 copies for steps of the
-    measured few rows, if they cost at most a quarter of free memory (weight_bytes: the
-    model's); else plain weights."""
+    quantization asked for (None or "none": none); packed weights where oneDNN runs
+    bfloat16; with `auto` (dtype "auto" was asked for) a float32 model on a CPU without
+    native bfloat16 holds its weights as float16 for fbgemm if that measured faster, else
+    gets bfloat16 copies for steps of the measured few rows, if they cost at most a quarter
+    of free memory (weight_bytes: the model's); else plain weights. A checkpoint's own blocks
+    join later (WeightPlan.with_own_blocks)."""
     transposed = TRANSPOSED_VOCAB_ROWS if device == "cpu" and dtype != "float64" else 0
-    if quantization is not None:
+    if quantization not in (None, QUANTIZATION_NONE):
         return WeightPlan(quantization, _quantized_vocab(quantization, machine), 0, transposed)
     if device == "cpu" and dtype == "bfloat16" and machine.can_pack:
         return WeightPlan("packed", "packed")
@@ -128,6 +158,10 @@ def plan_weights(
     reason = f"steps of <= {rows} rows use a bfloat16 weight copy (measured)"
     log.info("dtype float32; %s", reason)
     return WeightPlan("small_steps", "small_steps", rows, transposed, reason)
+
+
+def _joined(reason: str, note: str) -> str:
+    return f"{reason}; {note}" if reason else note
 
 
 def _quantized_vocab(method: str, machine: Measurements) -> str:

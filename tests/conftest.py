@@ -26,27 +26,32 @@ settings.load_profile("stemma")
 # explicit float32); the tests of the decision inject their own verdicts, and the measuring
 # code itself runs on tiny sizes through the real_speed_measurements fixture.
 _MEASURED_VERDICTS = {"fp16_weights_win": False, "bfloat16_small_step_rows": 0}
+# ... and whether a GGUF's own 4-bit blocks beat the dtype's form at few rows: "at no rows"
+# (the built-in model computes in its dtype alone); tests of the choice inject their own.
+_OWN_BLOCK_ROWS = 0
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_speed_measurements():
-    """Session-wide, so that module- and session-scoped engines get the fixed verdicts too."""
+    """Session-wide, so that module- and session-scoped engines get the fixed verdicts too.
+    Yields each replaced function: {(module, name): the original}."""
     import stemma.runtime.dtype_policy as policy
+    from stemma.runtime.models.weights import few_rows
 
-    originals = {name: getattr(policy, name) for name in _MEASURED_VERDICTS}
+    verdicts = {(policy, name): verdict for name, verdict in _MEASURED_VERDICTS.items()}
+    verdicts[(few_rows, "own_int4_rows")] = _OWN_BLOCK_ROWS
+    originals = {key: getattr(*key) for key in verdicts}
     with pytest.MonkeyPatch.context() as mp:
-        for name, verdict in _MEASURED_VERDICTS.items():
-            mp.setattr(policy, name, lambda *args, _v=verdict, **kw: _v)
+        for (module, name), verdict in verdicts.items():
+            mp.setattr(module, name, lambda *args, _v=verdict, **kw: _v)
         yield originals
 
 
 @pytest.fixture
 def real_speed_measurements(_no_speed_measurements, monkeypatch):
     """The real measuring functions back, for one test (of the measuring code itself)."""
-    import stemma.runtime.dtype_policy as policy
-
-    for name, fn in _no_speed_measurements.items():
-        monkeypatch.setattr(policy, name, fn)
+    for (module, name), fn in _no_speed_measurements.items():
+        monkeypatch.setattr(module, name, fn)
     return _no_speed_measurements
 
 

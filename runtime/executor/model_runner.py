@@ -143,7 +143,7 @@ def hold_weights(loaded: LoadedModel, plan: WeightPlan) -> str | None:
     /get_model_info, None when there is nothing to note."""
     model, form = loaded.model, FORMS[plan.linear_form]
     given = {}
-    if form is Int4Weight:
+    if form is Int4Weight or plan.own_form == Int4Weight.name:
         given = int4_from_gguf_blocks(model, gguf_int4_blocks(loaded.ckpt_dir))
     maxima = None
     if form.calibrated:
@@ -152,5 +152,7 @@ def hold_weights(loaded: LoadedModel, plan: WeightPlan) -> str | None:
     if not given:
         return None
     note = f"{len(given)} of {model.num_linears} linears packed from the GGUF's own 4-bit blocks"
+    if plan.own_form:
+        note += f", for steps of <= {plan.own_rows} rows ({plan.linear_form} for the others)"
     log.info("%s: %s", plan.linear_form, note)
     return note

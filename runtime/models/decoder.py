@@ -33,6 +33,7 @@ from .parallel import TPGroup, TPLayout
 from .rope import RotaryEmbedding
 from .shard import Shard, add_linear, add_parts, shift
 from .weights import FORMS, LinearSpec, WeightForm, build_form
+from .weights.few_rows import FewRowsWeight
 
 if TYPE_CHECKING:  # the executor passes these in; the model names them only as types
     from ..executor.attention import AttentionBackend
@@ -238,17 +239,20 @@ class DecoderForCausalLM(nn.Module):
         once after load_weights (which holds every weight plain). A tied embedding keeps its
         table for lookups."""
         given, maxima = given or {}, input_maxima or {}
-        if FORMS[plan.linear_form].folds_norms and not self.cfg.gemma_norms:
+        # The checkpoint's own blocks cannot take a norm's scale: with them, norms keep it.
+        folds = FORMS[plan.linear_form].folds_norms and not plan.own_form
+        if folds and not self.cfg.gemma_norms:
             for layer in self.layers:  # Gemma's norms cast after scaling; they stay
                 layer.input_layernorm.fold_into(layer.self_attn.qkv_proj)
                 layer.post_attention_layernorm.fold_into(layer.mlp.gate_up_proj)
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 form = given.get(module)
-                if form is None:
+                if form is None or plan.own_form:
                     gated = isinstance(module, GateUpLinear)
                     spec = LinearSpec(is_gated=gated, input_max=maxima.get(module))
-                    form = build_form(plan.linear_form, module.weight, plan, spec)
+                    built = build_form(plan.linear_form, module.weight, plan, spec)
+                    form = built if form is None else FewRowsWeight(form, plan.own_rows, built)
                 module.hold(form)
         vocab = LinearSpec(is_vocab=True)
         self.lm_head.hold(build_form(plan.vocab_form, self.lm_head.weight, plan, vocab))

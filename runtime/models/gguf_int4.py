@@ -28,13 +28,17 @@ GGUF_INT4_SOURCES = {
 }
 
 
+def has_gguf_int4_blocks(ckpt: Path) -> bool:
+    """Whether a GGUF conversion kept 4-bit blocks (its file had Q4_0 / Q4_1 linears)."""
+    return (ckpt / INT4_BLOCKS_FILE).exists()
+
+
 def gguf_int4_blocks(ckpt: Path) -> dict[str, torch.Tensor]:
     """The 4-bit blocks a GGUF conversion kept, by HF tensor name plus ".codes" ([out, in / 2]
     two codes a byte), ".scale" and ".min" ([out, in / 32]); empty for other checkpoints."""
     from safetensors.torch import load_file
 
-    path = ckpt / INT4_BLOCKS_FILE
-    return load_file(str(path)) if path.exists() else {}
+    return load_file(str(ckpt / INT4_BLOCKS_FILE)) if has_gguf_int4_blocks(ckpt) else {}
 
 
 def int4_from_gguf_blocks(

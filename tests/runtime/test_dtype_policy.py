@@ -81,7 +81,7 @@ def test_fp16_weights_never_win_without_fbgemm(real_speed_measurements, monkeypa
     monkeypatch.setattr(
         type(torch.backends.quantized), "supported_engines", property(lambda self: ["qnnpack"])
     )
-    monkeypatch.setattr(policy, "_best_time", lambda fn: pytest.fail("measured"))
+    monkeypatch.setattr(policy, "best_time", lambda fn: pytest.fail("measured"))
     assert policy.fp16_weights_win(32, 64, weight_bytes=1 << 15) is False
 
 
@@ -220,3 +220,11 @@ def test_fp16_weights_are_planned_when_measured_faster():
     assert explicit == plan_weights(None, "float32", "cpu", Measured())  # explicit
     slower = Measured(fp16_weights_win=False, small_step_rows=2, available_bytes=8 << 30)
     assert plan_weights(None, "float32", "cpu", slower, auto=True).linear_form != "fp16"
+
+
+def test_the_own_blocks_measurement_runs_on_tiny_sizes(real_speed_measurements):
+    from stemma.runtime.models.weights import few_rows
+    from stemma.runtime.weight_plan import WeightPlan
+
+    rows = few_rows.own_int4_rows(WeightPlan(), 32, 64, torch.float32, weight_bytes=1 << 16)
+    assert rows in (0, 1, 2, 4, 8)

@@ -95,3 +95,63 @@ def test_an_older_conversion_is_converted_again(tiny_llama_dir, tmp_path):
     stamp = (ckpt / "config.json").stat().st_mtime_ns
     assert resolve_checkpoint(str(path), tmp_path / "cache") == ckpt
     assert (ckpt / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_auto_multiplies_steps_of_few_rows_by_the_blocks(tiny_llama_dir, tmp_path, monkeypatch):
+    """dtype "auto" with no quantization named: the GGUF's own blocks for the steps of at
+    most the measured rows (injected: 2), the dtype's form for larger ones."""
+    from stemma.runtime.models.weights import few_rows
+
+    path = write_gguf(tiny_llama_dir, tmp_path / "model.gguf", "Q4_1")
+    monkeypatch.setattr(few_rows, "own_int4_rows", lambda *args, **kw: 2)
+    engine = Engine(model=str(path), cache_dir=str(tmp_path / "cache"))
+    try:
+        info = engine.get_model_info()
+        assert info["quantization"] is None
+        assert "steps of <= 2 rows multiply the GGUF's own int4 blocks" in info["dtype_reason"]
+        assert info["weights_note"] == (
+            f"{NUM_LINEARS} of {NUM_LINEARS} linears packed from the GGUF's own 4-bit blocks, "
+            f"for steps of <= 2 rows ({engine.runner.plan.linear_form} for the others)"
+        )
+        net = engine.runner.model
+        ckpt = resolve_checkpoint(str(path), tmp_path / "cache")
+        want = int4_from_gguf_blocks(net, gguf_int4_blocks(ckpt))
+        linear = net.layers[1].mlp.down_proj
+        form = linear.form
+        assert isinstance(form, few_rows.FewRowsWeight) and form.max_rows == 2
+        assert torch.equal(form.few.dequantize(), want[linear].dequantize())
+        for rows, used in ((1, form.few), (2, form.few), (3, form.many)):
+            x = torch.randn(rows, linear.form.few.in_features, dtype=net.dtype)
+            assert torch.equal(linear(x), used.matmul(x))
+        params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+        out = engine.generate(input_ids=[[5, 9, 13, 2, 7]], sampling_params=params)[0]
+        assert len(out["output_ids"]) == 6
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("kwargs", [{"quantization": "none"}, {"dtype": "float32"}])
+def test_none_or_an_explicit_dtype_computes_dequantized(
+    kwargs, tiny_llama_dir, tmp_path, monkeypatch
+):
+    from stemma.runtime.models.weights import few_rows
+
+    path = write_gguf(tiny_llama_dir, tmp_path / "model.gguf", "Q4_1")
+    monkeypatch.setattr(few_rows, "own_int4_rows", lambda *a, **k: pytest.fail("measured"))
+    engine = Engine(model=str(path), cache_dir=str(tmp_path / "cache"), **kwargs)
+    try:
+        info = engine.get_model_info()
+        assert info["quantization"] == kwargs.get("quantization")
+        assert info["weights_note"] is None and "own" not in info["dtype_reason"]
+        forms = {type(m.form) for m in engine.runner.model.modules() if hasattr(m, "form")}
+        assert few_rows.FewRowsWeight not in forms
+    finally:
+        engine.shutdown()
+
+
+def test_quantization_none_is_a_name_and_others_are_refused():
+    from stemma.runtime.config import EngineConfig
+
+    assert EngineConfig(quantization="none", tp_size=2).quantization == "none"
+    with pytest.raises(ValueError, match=r"quantization must be one of .*'none'.*got 'int2'"):
+        EngineConfig(quantization="int2")

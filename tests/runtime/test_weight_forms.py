@@ -85,3 +85,51 @@ def test_the_plan_names_every_form_and_round_trips():
         WeightPlan("int4", "int4")
     with pytest.raises(ValueError, match="small_step_rows=0"):
         WeightPlan("small_steps", "small_steps")
+
+
+def test_few_rows_form_takes_its_few_form_up_to_the_limit():
+    from stemma.runtime.models.weights.few_rows import FewRowsWeight
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 32)
+    plan = _plan("int4")
+    few, many = build_form("int4", w, plan), build_form("plain", w, plan)
+    form = FewRowsWeight(few, 2, many)
+    for rows, want in ((1, few), (2, few), (3, many), (9, many)):
+        x, res = torch.randn(rows, 32), torch.randn(rows, 64)
+        assert torch.equal(form.matmul(x, None, res), want.matmul(x, None, res))
+        assert torch.equal(form.gated(x, None, "silu"), want.gated(x, None, "silu"))
+    assert form.nbytes == few.nbytes + many.nbytes and form.weight is w
+    with pytest.raises(TypeError, match="pairs two built forms"):
+        FewRowsWeight.from_weight(w, plan)
+
+
+def test_own_blocks_rows_stop_at_the_first_loss():
+    """The decision from injected timings: the own form wins at 1 and 2 rows, loses at 4."""
+    from stemma.runtime.models.weights.few_rows import MAX_OWN_ROWS, crossover_rows
+
+    asked = []
+
+    def own(rows: int) -> float:
+        asked.append(rows)
+        return {1: 1.0, 2: 1.5, 4: 3.0, 8: 0.1}[rows]
+
+    assert crossover_rows(own, lambda rows: 2.0) == 2
+    assert asked == [1, 2, 4]  # 8 is never measured after the loss at 4
+    assert crossover_rows(lambda r: 3.0, lambda r: 2.0) == 0
+    assert crossover_rows(lambda r: 1.0, lambda r: 2.0) == MAX_OWN_ROWS
+
+
+def test_the_plan_takes_own_blocks_only_where_they_won():
+    plan = WeightPlan("packed", "packed")
+    lost = plan.with_own_blocks("int4", 0, "the GGUF")
+    assert (lost.own_form, lost.own_rows) == ("", 0)
+    assert lost.reason == "the GGUF's own int4 blocks measured slower than packed"
+    won = plan.with_own_blocks("int4", 4, "the GGUF")
+    assert (won.own_form, won.own_rows, won.linear_form) == ("int4", 4, "packed")
+    assert "steps of <= 4 rows multiply the GGUF's own int4 blocks" in won.reason
+    assert WeightPlan.from_json(won.to_json()) == won
+    with pytest.raises(ValueError, match="own form 'int4'"):
+        WeightPlan("packed", "packed", own_form="int4")
+    with pytest.raises(ValueError, match="own form 'int8'"):
+        WeightPlan("packed", "packed", own_form="int8", own_rows=2)
