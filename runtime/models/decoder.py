@@ -239,12 +239,12 @@ class DecoderForCausalLM(nn.Module):
         once after load_weights (which holds every weight plain). A tied embedding keeps its
         table for lookups."""
         given, maxima = given or {}, input_maxima or {}
-        # The checkpoint's own blocks cannot take a norm's scale: with them, norms keep it.
-        folds = FORMS[plan.linear_form].folds_norms and not plan.own_form
-        if folds and not self.cfg.gemma_norms:
+        folded: dict[Linear, torch.Tensor] = {}  # a folded norm's scale, by the linear fed
+        if FORMS[plan.linear_form].folds_norms and not self.cfg.gemma_norms:
             for layer in self.layers:  # Gemma's norms cast after scaling; they stay
-                layer.input_layernorm.fold_into(layer.self_attn.qkv_proj)
-                layer.post_attention_layernorm.fold_into(layer.mlp.gate_up_proj)
+                qkv, gate_up = layer.self_attn.qkv_proj, layer.mlp.gate_up_proj
+                folded[qkv] = layer.input_layernorm.fold_into(qkv)
+                folded[gate_up] = layer.post_attention_layernorm.fold_into(gate_up)
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 form = given.get(module)
@@ -252,7 +252,9 @@ class DecoderForCausalLM(nn.Module):
                     gated = isinstance(module, GateUpLinear)
                     spec = LinearSpec(is_gated=gated, input_max=maxima.get(module))
                     built = build_form(plan.linear_form, module.weight, plan, spec)
-                    form = built if form is None else FewRowsWeight(form, plan.own_rows, built)
+                    if form is not None:  # the own blocks take a folded norm's scale apart
+                        form = FewRowsWeight(form, plan.own_rows, built, folded.get(module))
+                    form = built if form is None else form
                 module.hold(form)
         vocab = LinearSpec(is_vocab=True)
         self.lm_head.hold(build_form(plan.vocab_form, self.lm_head.weight, plan, vocab))

@@ -138,13 +138,16 @@ class RMSNorm(nn.Module):
         h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, self.eps)
         return self.weight * h.to(x.dtype)
 
-    def fold_into(self, linear: Linear) -> None:
+    def fold_into(self, linear: Linear) -> torch.Tensor:
         """Move the scale into the linear this norm feeds (before packing); the norm then
         only normalizes. For reduced-precision models, where F.rms_norm of the model dtype
-        computes in float32 (float64 would lose HF's float32 normalization)."""
+        computes in float32 (float64 would lose HF's float32 normalization). Returns the
+        scale, for a form that also holds weights it could not go into."""
         assert self.weight is not None
-        linear.scale_inputs(self.weight.detach())
+        scale = self.weight.detach()
+        linear.scale_inputs(scale)
         self.weight = None
+        return scale
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -154,7 +157,7 @@ class GemmaRMSNorm(RMSNorm):
         h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, self.eps)
         return (h * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
 
-    def fold_into(self, linear: Linear) -> None:
+    def fold_into(self, linear: Linear) -> torch.Tensor:
         raise NotImplementedError("a Gemma norm keeps its scale (its output is cast after it)")
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from stemma.runtime.dtype_policy import can_pack_bf16_weights
 from stemma.runtime.engine import Engine
 from stemma.runtime.models import loader
 from stemma.runtime.models.gguf_convert import INT4_BLOCKS_FILE
@@ -155,3 +156,33 @@ def test_quantization_none_is_a_name_and_others_are_refused():
     assert EngineConfig(quantization="none", tp_size=2).quantization == "none"
     with pytest.raises(ValueError, match=r"quantization must be one of .*'none'.*got 'int2'"):
         EngineConfig(quantization="int2")
+
+
+@pytest.mark.skipif(not can_pack_bf16_weights(), reason="no oneDNN bfloat16 kernels here")
+def test_steps_of_few_rows_compute_as_int4_beside_folded_norms(
+    tiny_llama_dir, tmp_path, monkeypatch
+):
+    """Packed bfloat16 folds each norm's scale into its linear; the own blocks cannot hold it,
+    so their steps multiply it in: a layer's one-row step equals --quantization int4's."""
+    from stemma.runtime.models.weights import few_rows
+
+    path = write_gguf(tiny_llama_dir, tmp_path / "model.gguf", "Q4_1")
+    monkeypatch.setattr(few_rows, "own_int4_rows", lambda *args, **kw: 8)
+    cache = str(tmp_path / "cache")
+    auto = Engine(model=str(path), cache_dir=cache)
+    int4 = Engine(model=str(path), cache_dir=cache, quantization="int4")
+    try:
+        assert (
+            auto.runner.plan.linear_form == "packed" and auto.runner.model.dtype == torch.bfloat16
+        )
+        a, b = auto.runner.model.layers[0], int4.runner.model.layers[0]
+        assert a.input_layernorm.weight is None and b.input_layernorm.weight is not None
+        x = torch.randn(1, a.self_attn.qkv_proj.form.few.in_features, dtype=torch.bfloat16)
+        cos_sin = auto.runner.model.ropes["full_attention"].table(torch.tensor([3]))
+        for got, want in zip(a.before_attention(x, *cos_sin), b.before_attention(x, *cos_sin)):
+            torch.testing.assert_close(got, want)
+        o = torch.randn(1, a.self_attn.num_heads, a.self_attn.head_dim, dtype=torch.bfloat16)
+        torch.testing.assert_close(a.after_attention(o, x), b.after_attention(o, x))
+    finally:
+        auto.shutdown()
+        int4.shutdown()

@@ -102,6 +102,14 @@ def test_few_rows_form_takes_its_few_form_up_to_the_limit():
     assert form.nbytes == few.nbytes + many.nbytes and form.weight is w
     with pytest.raises(TypeError, match="pairs two built forms"):
         FewRowsWeight.from_weight(w, plan)
+    # A norm's scale folded into `many` is multiplied into `few`'s input instead.
+    scale = torch.rand(32) + 0.5
+    scaled = FewRowsWeight(few, 2, many, scale)
+    x = torch.randn(2, 32)
+    assert torch.equal(scaled.matmul(x), few.matmul(x * scale))
+    assert torch.equal(scaled.gated(x, None, "silu"), few.gated(x * scale, None, "silu"))
+    x = torch.randn(3, 32)
+    assert torch.equal(scaled.matmul(x), many.matmul(x))
 
 
 def test_own_blocks_rows_stop_at_the_first_loss():

@@ -22,12 +22,21 @@ MAX_OWN_ROWS = 8  # the most rows measured: past 8 the dtype's GEMM won on both 
 
 
 class FewRowsWeight(WeightForm):
-    """`few` multiplies steps of at most max_rows rows, `many` the others."""
+    """`few` multiplies steps of at most max_rows rows, `many` the others. input_scale: the
+    scale of a norm folded into `many` (RMSNorm.fold_into), which `few`'s blocks could not
+    take: its steps multiply their input by it first, as the norm would have."""
 
     name = "few_rows"
 
-    def __init__(self, few: WeightForm, max_rows: int, many: WeightForm):
+    def __init__(
+        self,
+        few: WeightForm,
+        max_rows: int,
+        many: WeightForm,
+        input_scale: torch.Tensor | None = None,
+    ):
         self.few, self.max_rows, self.many = few, max_rows, many
+        self.input_scale = input_scale
         self.weight = many.weight
 
     @classmethod
@@ -35,12 +44,17 @@ class FewRowsWeight(WeightForm):
         raise TypeError("FewRowsWeight pairs two built forms (DecoderForCausalLM.apply_plan)")
 
     def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
-        form = self.few if x.shape[0] <= self.max_rows else self.many
-        return form.matmul(x, bias, residual)
+        if x.shape[0] > self.max_rows:
+            return self.many.matmul(x, bias, residual)
+        return self.few.matmul(self._scaled(x), bias, residual)
 
     def gated(self, x: Tensor, bias: MaybeTensor, act: str) -> Tensor:
-        form = self.few if x.shape[0] <= self.max_rows else self.many
-        return form.gated(x, bias, act)
+        if x.shape[0] > self.max_rows:
+            return self.many.gated(x, bias, act)
+        return self.few.gated(self._scaled(x), bias, act)
+
+    def _scaled(self, x: Tensor) -> Tensor:
+        return x if self.input_scale is None else x * self.input_scale
 
     @property
     def nbytes(self) -> int:
