@@ -246,8 +246,12 @@ class DecodeKV:
         position; return the dense contexts [B, max_ctx, Hkv, D]."""
         k, v = self.k[layer_id], self.v[layer_id]
         flat = (-1, *k.shape[2:])
-        k.view(flat).index_copy_(0, self.flat_pos, k_new.to(k.dtype))
-        v.view(flat).index_copy_(0, self.flat_pos, v_new.to(v.dtype))
+        k.view(flat).index_copy_(
+            0, self.flat_pos, k_new if k_new.dtype == k.dtype else k_new.to(k.dtype)
+        )
+        v.view(flat).index_copy_(
+            0, self.flat_pos, v_new if v_new.dtype == v.dtype else v_new.to(v.dtype)
+        )
         return k[:, : self.max_ctx], v[:, : self.max_ctx]
 
 

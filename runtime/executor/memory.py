@@ -30,8 +30,12 @@ class KVPool:
 
     def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc: [num_tokens] (int64 avoids a copy); k, v: [num_tokens, num_kv_heads, head_dim]
-        self.k[layer_id].index_copy_(0, loc.long(), k.to(self.k[layer_id].dtype))
-        self.v[layer_id].index_copy_(0, loc.long(), v.to(self.v[layer_id].dtype))
+        # Conversions only where needed: a decode step calls this twice per layer, and even
+        # a conversion to the same type costs a dispatch.
+        loc = loc if loc.dtype == torch.int64 else loc.long()
+        k_pool, v_pool = self.k[layer_id], self.v[layer_id]
+        k_pool.index_copy_(0, loc, k if k.dtype == k_pool.dtype else k.to(k_pool.dtype))
+        v_pool.index_copy_(0, loc, v if v.dtype == v_pool.dtype else v.to(v_pool.dtype))
 
     @staticmethod
     def bytes_per_slot(

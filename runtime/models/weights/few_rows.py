@@ -19,6 +19,11 @@ from .base import PLAIN_SPEC, LinearSpec, MaybeTensor, WeightForm
 from .quantized import Int4Weight
 
 MAX_OWN_ROWS = 8  # the most rows measured: past 8 the dtype's GEMM won on both CPU kinds
+# How much faster the own form must measure to be chosen: near a tie, timing noise on a busy
+# machine would move the limit between starts (at 8 rows on a Xeon with AMX: 2.33 ms against
+# 1.89 in one start, a win in another), and with it which form, so which rounding, a step
+# gets; near a tie either form costs the same.
+WIN_MARGIN = 0.1
 
 
 class FewRowsWeight(WeightForm):
@@ -62,10 +67,10 @@ class FewRowsWeight(WeightForm):
 
 
 def crossover_rows(few_time: Callable[[int], float], many_time: Callable[[int], float]) -> int:
-    """The most rows (1, 2, 4 or 8, doubling) at which few_time(rows) < many_time(rows),
-    stopping at the first loss; 0 if the few form loses at one row."""
+    """The most rows (1, 2, 4 or 8, doubling) at which few_time(rows) beats many_time(rows)
+    by WIN_MARGIN, stopping at the first loss; 0 if the few form loses at one row."""
     best, rows = 0, 1
-    while rows <= MAX_OWN_ROWS and few_time(rows) < many_time(rows):
+    while rows <= MAX_OWN_ROWS and few_time(rows) < (1 - WIN_MARGIN) * many_time(rows):
         best, rows = rows, rows * 2
     return best
 

@@ -149,10 +149,11 @@ class Int4Weight(WeightForm):
         return cls(packed, scales_and_zeros.to(_COMPUTE), in_features)
 
     def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
+        same = x.dtype == _COMPUTE  # a bfloat16 model's decode: no conversion calls at all
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(_COMPUTE), self.packed, INT4_GROUP_SIZE, self.scales_and_zeros
+            x if same else x.to(_COMPUTE), self.packed, INT4_GROUP_SIZE, self.scales_and_zeros
         )
-        return add_bias_residual(y.to(x.dtype), bias, residual)
+        return add_bias_residual(y if same else y.to(x.dtype), bias, residual)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out, in] the kernel computes with (tests, accuracy)."""
