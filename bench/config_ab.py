@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {"dtype": args.dtype, "quantization": args.quantization, "kv_cache_mb": 512}
     engines = {
         "baseline": Engine(args.model, **config),
-        "candidate": Engine(args.model, **config, **candidate),
+        "candidate": Engine(args.model, **(config | candidate)),  # the candidate's options win
     }
     info = engines["candidate"].get_model_info()
     startup: dict[str, Any] = {}
