@@ -34,7 +34,7 @@ from typing import Any
 
 from .schema_finite import FiniteFolder, annotations
 from .schema_logic import ASSERTIONS, SchemaLogic, as_list, pointer, pointer_escape
-from .schema_refs import inline_cyclic_refs
+from .schema_refs import TooLarge, inline_cyclic_refs
 from .unique_items import UniqueArrays, unique_arrays
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
@@ -59,8 +59,12 @@ def rewrite_schema(schema: Any, known_format: Any) -> tuple[Any, list[str]]:
 
     known_format(name) -> bool says which `format` values the backend checks."""
     rw = _Rewriter(schema, known_format)
-    out = inline_cyclic_refs(rw.node(schema, "#"))
-    if len(json.dumps(out)) > MAX_GROWTH * len(json.dumps(schema)) + 4096:
+    max_chars = MAX_GROWTH * len(json.dumps(schema)) + 4096
+    try:
+        out = inline_cyclic_refs(rw.node(schema, "#"), max_chars)
+    except TooLarge:
+        return schema, []
+    if len(json.dumps(out)) > max_chars:
         return schema, []
     return out, rw.notes
 

@@ -279,3 +279,39 @@ def test_an_unknown_format_is_an_annotation_and_says_so() -> None:
     assert any("'color' at #" in w and "annotation" in w for w in c.warnings)
     checked = stemma.Constraint(json_schema={"type": "string", "format": "date"})
     assert not checked.accepts('"red"')  # a format llguidance knows is still checked
+
+
+def _multiplying_refs(width: int) -> dict[str, Any]:
+    """Recursive definitions, each intersecting all of them: every inlined copy holds `width`
+    references to inline in turn, so the copies multiply by `width` per level."""
+    names = [f"n{i}" for i in range(width)]
+    padding = {f"p{j}": {"type": "string", "description": "x" * 40} for j in range(8)}
+    node = {
+        "type": "object",
+        "properties": padding,
+        "allOf": [{"$ref": f"#/$defs/{n}"} for n in names],
+    }
+    return {"$defs": {n: node for n in names}, "$ref": "#/$defs/n0"}
+
+
+def test_inlining_recursive_refs_stops_at_its_size_bound() -> None:
+    """Copies inside copies stop being made once their JSON passes the bound (a schema of the
+    sample spent 9 s here before refusing), and the schema is then left as written."""
+    from stemma.runtime.constrained import schema_refs
+
+    schema = _multiplying_refs(6)
+    size = len(json.dumps(schema))
+    walked = 0
+    walk = schema_refs._Inliner.walk
+
+    def counting_walk(self, node, nesting=0):
+        nonlocal walked
+        walked += 1
+        return walk(self, node, nesting)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(schema_refs._Inliner, "walk", counting_walk)
+        with pytest.raises(schema_refs.TooLarge):
+            schema_refs.inline_cyclic_refs(schema, 4 * size)
+    assert walked < 40 * size // 100  # the nodes of about 4 schemas' worth of copies
+    assert rewrite_schema(schema, lambda name: True) == (schema, [])
