@@ -6,7 +6,8 @@
 Every program runs `--num` times (distinct inputs from its `workload`) with `--concurrency`
 programs in flight, on each system in turn; a round runs every system once, in alternating
 order, so load drifts hit all alike. stemma systems are in-process Runtimes (default; radix
-cache off; FCFS instead of longest-prefix-match; jump-forward off); `hf-naive` runs each gen
+cache off; FCFS instead of longest-prefix-match; jump-forward off; and, when named, `ngram`:
+speculative decoding by prompt lookup, `dequantized`: --quantization none); `hf-naive` runs each gen
 as one plain transformers `generate` (on `--hf-num` programs); `llama.cpp` is its server (the
 xllamacpp wheel, skipped with a message when absent) on the same GGUF through stemma.OpenAI.
 Every measured run starts with empty prompt caches: stemma's radix tree is flushed and
@@ -50,8 +51,11 @@ STEMMA_CONFIGS = {
     "no-radix": {"disable_radix_cache": True},
     "fcfs": {"schedule_policy": "fcfs"},
     "no-jump-forward": {"enable_jump_forward": False},
+    "ngram": {"speculative_algorithm": "NGRAM"},  # prompt-lookup drafts (opt-in)
+    "dequantized": {"quantization": "none"},  # a GGUF's own 4-bit blocks unused
 }
-SYSTEMS = [*STEMMA_CONFIGS, "hf-naive", "llama.cpp"]
+# The default systems; ngram and dequantized run when named in --systems.
+SYSTEMS = [*list(STEMMA_CONFIGS)[:4], "hf-naive", "llama.cpp"]
 LLAMA_PORT = 18191
 
 
