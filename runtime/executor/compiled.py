@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch._inductor.config
 
+from ..models.layers import Linear
+
 if TYPE_CHECKING:
     from ..models.decoder import DecoderForCausalLM, DecoderLayer
     from .forward_batch import ForwardBatch
@@ -75,11 +77,15 @@ class CompiledLayers:
 
     @torch.inference_mode()
     def warm_up(self, model: DecoderForCausalLM) -> None:
-        """Run every layer at one row and at two (the symbolic row count) on zeros."""
+        """Run every layer at one row, at two (the symbolic row count) and one row past each
+        limit where a linear changes form (weights/few_rows.py: Dynamo compiles the other
+        side of the branch then, so a form Inductor cannot lower fails here, not in a step)."""
         cfg = model.cfg
         device = next(model.parameters()).device
         layout = model.layout
-        for rows in (1, 2):
+        limits = {m.form.max_rows for m in model.layers.modules() if isinstance(m, Linear)}
+        past = {n + 1 for n in limits if n is not None and n + 1 <= self.max_rows}
+        for rows in sorted({1, 2} | past):
             positions = torch.arange(rows, device=device)
             tables = {name: rope.table(positions) for name, rope in model.ropes.items()}
             x = torch.zeros(rows, cfg.hidden_size, dtype=model.dtype, device=device)

@@ -81,3 +81,32 @@ def test_a_form_that_does_not_compile_runs_eager_and_says_why(tiny_llama_dir, mo
     note = info["torch_compile_note"]
     assert re.match(r"off: the '\w+' linears did not compile \(RuntimeError: Lowering", note)
     assert len(out["output_ids"]) == 3
+
+
+def test_warm_up_reaches_past_each_row_limit_of_a_form(tiny_llama_dir):
+    """A linear that changes kernel past N rows (the GGUF's own blocks, weights/few_rows.py)
+    is warmed up at N + 1 rows too, so the other side's compile fails, if it does, at start
+    (the engine then runs eager and says why) and never inside a step."""
+    import torch
+    from stemma.runtime.executor.compiled import CompiledLayers
+    from stemma.runtime.models.layers import Linear
+    from stemma.runtime.models.loader import load_decoder
+    from stemma.runtime.models.weights import Int4Weight
+    from stemma.runtime.weight_plan import WeightPlan
+
+    net, _ = load_decoder(tiny_llama_dir, torch.float32, "cpu")
+    plan = WeightPlan(own_form="int4", own_rows=2)
+    linears = [m for m in net.layers.modules() if isinstance(m, Linear)]
+    net.apply_plan(plan, {m: Int4Weight.from_weight(m.weight, plan) for m in linears})
+    seen: list[int] = []
+
+    def before(layer, x, cos, sin):  # records the rows instead of compiling
+        seen.append(x.shape[0])
+        return layer.before_attention(x, cos, sin)
+
+    for max_rows, rows in ((64, [1, 2, 3]), (2, [1, 2])):  # 3 rows past what it takes
+        compiled = CompiledLayers(type(net.layers[0]), max_rows)
+        compiled._before, compiled._after = before, lambda layer, o, x: x
+        seen.clear()
+        compiled.warm_up(net)
+        assert sorted(set(seen)) == rows

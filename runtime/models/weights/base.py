@@ -36,6 +36,9 @@ class WeightForm(ABC):
     # The float weight, where the form multiplies by it; None where it holds another layout
     # (the linear then drops its own reference, so the float copy is freed).
     weight: torch.Tensor | None = None
+    # A form that multiplies steps of at most this many rows by another kernel than larger
+    # ones (a compiled step warms up both sides); None for one kernel at every size.
+    max_rows: int | None = None
 
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:
