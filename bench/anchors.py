@@ -133,15 +133,26 @@ def start_servers(args: argparse.Namespace) -> dict[str, tuple[subprocess.Popen,
     if args.speculative:
         variants["stemma-ngram"] = (18183, ["--speculative-algorithm", "NGRAM"])
     started = {}
+    # One at a time: a start measures this machine (dtype "auto"'s weight plan), which a
+    # second server starting beside it would disturb.
     for name, (port, extra) in variants.items():
         cmd = [sys.executable, "-m", "stemma", "serve", "--port", str(port)]
         cmd += shlex.split(args.stemma_args) + extra
         started[name] = (subprocess.Popen(cmd, **quiet), f"http://127.0.0.1:{port}")
+        wait_healthy(name, *started[name])
     llama = LlamaServer(18181)
     llama.start()
-    for name, (proc, url) in started.items():
-        wait_healthy(name, proc, url)
     return {"llama.cpp": (llama.proc, llama.url), **started}
+
+
+def weight_plans(servers: dict[str, tuple[subprocess.Popen, str]]) -> dict[str, str]:
+    """Each stemma server's dtype and the reason for its weights (/get_model_info)."""
+    out = {}
+    for name, (_, url) in servers.items():
+        if name.startswith("stemma"):
+            info = httpx.get(url + "/get_model_info", timeout=10).json()
+            out[name] = f"{info['dtype']}: {info['dtype_reason']}"
+    return out
 
 
 def wait_healthy(name: str, proc: subprocess.Popen, url: str, timeout_s: float = 300) -> None:
@@ -248,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     servers = start_servers(args)
+    plans = weight_plans(servers)
     rows: list[dict[str, Any]] = []
     try:
         for name in args.workloads.split(","):
@@ -275,11 +287,13 @@ def main(argv: list[str] | None = None) -> None:
             row |= {
                 "speedup_vs_llama.cpp": ratio,
                 "stemma_args": args.stemma_args,
+                "stemma_weights": plans,
                 "seconds": seconds,
                 "completion_tokens": tokens,
             }
             rows.append(row)
-            print_table([row], [k for k in row if k not in ("seconds", "completion_tokens")])
+            hidden = ("seconds", "completion_tokens", "stemma_weights")
+            print_table([row], [k for k in row if k not in hidden])
     finally:
         for proc, _ in servers.values():
             proc.terminate()
