@@ -54,8 +54,8 @@ STEMMA_CONFIGS = {
     "ngram": {"speculative_algorithm": "NGRAM"},  # prompt-lookup drafts (opt-in)
     "dequantized": {"quantization": "none"},  # a GGUF's own 4-bit blocks unused
 }
-# The default systems; ngram and dequantized run when named in --systems.
-SYSTEMS = [*list(STEMMA_CONFIGS)[:4], "hf-naive", "llama.cpp"]
+OPT_IN = ("ngram", "dequantized")  # run only when named in --systems
+SYSTEMS = [*(n for n in STEMMA_CONFIGS if n not in OPT_IN), "hf-naive", "llama.cpp"]
 LLAMA_PORT = 18191
 
 

@@ -164,8 +164,7 @@ def fp16_weights_win(hidden: int, inter: int, weight_bytes: int = 64 << 20) -> b
     if not fp16_weights_available():
         return False
     torch.backends.quantized.engine = "fbgemm"
-    count = max(1, weight_bytes // (4 * hidden * inter))
-    weights = [torch.empty(inter, hidden).uniform_(-0.05, 0.05) for _ in range(count)]
+    weights = streaming_weights(hidden, inter, weight_bytes)
     packed = [torch.ops.quantized.linear_prepack_fp16(w, None) for w in weights]
     fp16_matmul = torch.ops.quantized.linear_dynamic_fp16
     for rows in (1, 8, 64):
@@ -195,19 +194,40 @@ def bfloat16_small_step_rows(
     """The most rows (1, 2, 4 or 8) at which a bfloat16 linear runs faster than float32 here,
     over 64 MB of float32 weights so that they stream from memory as a model's do (a single
     cache-resident matrix shows no difference); 0 if bfloat16 never wins."""
-    count = max(1, weight_bytes // (4 * hidden * inter))
-    weights = [torch.empty(inter, hidden).uniform_(-0.05, 0.05) for _ in range(count)]
+    weights = streaming_weights(hidden, inter, weight_bytes)
     halves = [w.to(torch.bfloat16) for w in weights]
-    best = 0
-    rows = 1
-    while rows <= max_rows:
+
+    def half(rows: int) -> float:
         x = torch.randn(rows, hidden)
-        full = best_time(lambda x=x: [F.linear(x, w) for w in weights])
-        half = best_time(lambda x=x: [F.linear(x.to(torch.bfloat16), w) for w in halves])
-        if half >= full:
-            break
+        return best_time(lambda: [F.linear(x.to(torch.bfloat16), w) for w in halves])
+
+    def full(rows: int) -> float:
+        x = torch.randn(rows, hidden)
+        return best_time(lambda: [F.linear(x, w) for w in weights])
+
+    return crossover_rows(half, full, max_rows)
+
+
+def crossover_rows(
+    few_time: Callable[[int], float],
+    many_time: Callable[[int], float],
+    max_rows: int,
+    margin: float = 0.0,
+) -> int:
+    """The most rows (1, 2, 4, ... up to max_rows, doubling) at which few_time(rows) beats
+    many_time(rows) by `margin` (a fraction of it), stopping at the first loss; 0 if the
+    few-row kernel loses at one row."""
+    best, rows = 0, 1
+    while rows <= max_rows and few_time(rows) < (1 - margin) * many_time(rows):
         best, rows = rows, rows * 2
     return best
+
+
+def streaming_weights(hidden: int, inter: int, weight_bytes: int) -> list[torch.Tensor]:
+    """Random [inter, hidden] float32 weights, `weight_bytes` of them, so that a timed pass
+    streams them from memory as a model's step does (one cache-resident matrix would not)."""
+    count = max(1, weight_bytes // (4 * hidden * inter))
+    return [torch.empty(inter, hidden).uniform_(-0.05, 0.05) for _ in range(count)]
 
 
 def best_time(fn: Callable[[], object], repeats: int = 3) -> float:

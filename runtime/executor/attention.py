@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .forward_batch import ForwardBatch, ForwardMode
-from .memory import KVPool
+from .memory import KVPool, cast
 
 
 class AttentionBackend(Protocol):
@@ -246,12 +246,8 @@ class DecodeKV:
         position; return the dense contexts [B, max_ctx, Hkv, D]."""
         k, v = self.k[layer_id], self.v[layer_id]
         flat = (-1, *k.shape[2:])
-        k.view(flat).index_copy_(
-            0, self.flat_pos, k_new if k_new.dtype == k.dtype else k_new.to(k.dtype)
-        )
-        v.view(flat).index_copy_(
-            0, self.flat_pos, v_new if v_new.dtype == v.dtype else v_new.to(v.dtype)
-        )
+        k.view(flat).index_copy_(0, self.flat_pos, cast(k_new, k.dtype))
+        v.view(flat).index_copy_(0, self.flat_pos, cast(v_new, v.dtype))
         return k[:, : self.max_ctx], v[:, : self.max_ctx]
 
 

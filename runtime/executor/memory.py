@@ -11,6 +11,12 @@ from __future__ import annotations
 import torch
 
 
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`, without a call where it already is: the K/V writes run twice per layer
+    each decode step, and even a conversion to the same type costs a dispatch."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 class KVPool:
     """k[layer], v[layer]: [num_slots, num_kv_heads, head_dim]."""
 
@@ -30,12 +36,10 @@ class KVPool:
 
     def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc: [num_tokens] (int64 avoids a copy); k, v: [num_tokens, num_kv_heads, head_dim]
-        # Conversions only where needed: a decode step calls this twice per layer, and even
-        # a conversion to the same type costs a dispatch.
-        loc = loc if loc.dtype == torch.int64 else loc.long()
+        loc = cast(loc, torch.int64)
         k_pool, v_pool = self.k[layer_id], self.v[layer_id]
-        k_pool.index_copy_(0, loc, k if k.dtype == k_pool.dtype else k.to(k_pool.dtype))
-        v_pool.index_copy_(0, loc, v if v.dtype == v_pool.dtype else v.to(v_pool.dtype))
+        k_pool.index_copy_(0, loc, cast(k, k_pool.dtype))
+        v_pool.index_copy_(0, loc, cast(v, v_pool.dtype))
 
     @staticmethod
     def bytes_per_slot(

@@ -247,14 +247,15 @@ class DecoderForCausalLM(nn.Module):
                 folded[gate_up] = layer.post_attention_layernorm.fold_into(gate_up)
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
-                form = given.get(module)
-                if form is None or plan.own_form:
-                    gated = isinstance(module, GateUpLinear)
-                    spec = LinearSpec(is_gated=gated, input_max=maxima.get(module))
-                    built = build_form(plan.linear_form, module.weight, plan, spec)
-                    if form is not None:  # the own blocks take a folded norm's scale apart
-                        form = FewRowsWeight(form, plan.own_rows, built, folded.get(module))
-                    form = built if form is None else form
+                own = given.get(module)
+                if own is not None and not plan.own_form:  # given for every step
+                    module.hold(own)
+                    continue
+                gated = isinstance(module, GateUpLinear)
+                spec = LinearSpec(is_gated=gated, input_max=maxima.get(module))
+                form = build_form(plan.linear_form, module.weight, plan, spec)
+                if own is not None:  # the own blocks take a folded norm's scale apart
+                    form = FewRowsWeight(own, plan.own_rows, form, folded.get(module))
                 module.hold(form)
         vocab = LinearSpec(is_vocab=True)
         self.lm_head.hold(build_form(plan.vocab_form, self.lm_head.weight, plan, vocab))

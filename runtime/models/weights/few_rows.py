@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ...dtype_policy import best_time
+from ... import dtype_policy
 from ...weight_plan import WeightPlan
 from . import build_form
 from .base import PLAIN_SPEC, LinearSpec, MaybeTensor, WeightForm
@@ -67,31 +67,26 @@ class FewRowsWeight(WeightForm):
 
 
 def crossover_rows(few_time: Callable[[int], float], many_time: Callable[[int], float]) -> int:
-    """The most rows (1, 2, 4 or 8, doubling) at which few_time(rows) beats many_time(rows)
-    by WIN_MARGIN, stopping at the first loss; 0 if the few form loses at one row."""
-    best, rows = 0, 1
-    while rows <= MAX_OWN_ROWS and few_time(rows) < (1 - WIN_MARGIN) * many_time(rows):
-        best, rows = rows, rows * 2
-    return best
+    """dtype_policy.crossover_rows up to MAX_OWN_ROWS, winning by WIN_MARGIN."""
+    return dtype_policy.crossover_rows(few_time, many_time, MAX_OWN_ROWS, WIN_MARGIN)
 
 
 @functools.cache  # a property of this machine, shape and plan: measured once per process
 def own_int4_rows(
     plan: WeightPlan, hidden: int, inter: int, dtype: torch.dtype, weight_bytes: int = 64 << 20
 ) -> int:
-    """crossover_rows of int4 blocks against the plan's linear form in `dtype`, over random
-    [inter, hidden] weights, 64 MB of them in float32 so that they stream from memory as a
-    model's do. On a 2-core Xeon with AMX, against oneDNN-packed bfloat16: 0.78 / 0.90 /
-    1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against 1.88 / 1.84 / 1.82 / 1.89 ms, so 4."""
-    count = max(1, weight_bytes // (4 * hidden * inter))
-    weights = [torch.empty(inter, hidden).uniform_(-0.05, 0.05) for _ in range(count)]
+    """crossover_rows of int4 blocks against the plan's linear form in `dtype`, over 64 MB
+    of random weights (dtype_policy.streaming_weights). On a 2-core Xeon with AMX, against
+    oneDNN-packed bfloat16: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against
+    1.88 / 1.84 / 1.82 / 1.89 ms, so 4."""
+    weights = dtype_policy.streaming_weights(hidden, inter, weight_bytes)
     own = [Int4Weight.from_weight(w, plan) for w in weights]
     many = [build_form(plan.linear_form, w.to(dtype), plan) for w in weights]
 
     def timer(forms: list[WeightForm]) -> Callable[[int], float]:
         def time_rows(rows: int) -> float:
             x = torch.randn(rows, hidden, dtype=dtype)
-            return best_time(lambda: [f.matmul(x) for f in forms])
+            return dtype_policy.best_time(lambda: [f.matmul(x) for f in forms])
 
         return time_rows
 
