@@ -20,6 +20,7 @@ from .dtype_policy import DtypeChoice, MachineMeasurements
 from .executor.model_runner import ModelRunner
 from .faults import Faults
 from .models.gguf_int4 import has_gguf_int4_blocks
+from .models.layers import form_row_limits
 from .models.loader import LoadedModel, load_model
 from .models.weights import few_rows
 from .sampling.sampler import Sampler
@@ -27,7 +28,7 @@ from .scheduler.batch import ScheduledBatch
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.planner import prepare_step
 from .scheduler.scheduler import Scheduler
-from .scheduler.speculative import DraftBudget, speculative_sources
+from .scheduler.speculative import DraftBudget, StepCost, speculative_sources
 from .tokenizer import Tokenizer
 from .weight_plan import WeightPlan, plan_weights
 
@@ -63,7 +64,9 @@ def build_core(
     sampler = Sampler(vocab_size, tokenizer.eos_token_ids, cfg.random_seed)
     budget = None
     if cfg.speculative_algorithm == "NGRAM":
-        budget = DraftBudget(max_tokens=cfg.speculative_num_draft_tokens - 1)
+        # a step's cost jumps where a linear changes kernel: priced per span (speculative.py)
+        cost = StepCost(form_row_limits(runner.model))
+        budget = DraftBudget(cfg.speculative_num_draft_tokens - 1, cost)
     outputs = OutputProcessor(
         tokenizer, sampler, runner.context_len, cfg.enable_jump_forward, budget
     )

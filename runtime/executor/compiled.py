@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch._inductor.config
 
-from ..models.layers import Linear
+from ..models.layers import form_row_limits
 
 if TYPE_CHECKING:
     from ..models.decoder import DecoderForCausalLM, DecoderLayer
@@ -83,8 +83,7 @@ class CompiledLayers:
         cfg = model.cfg
         device = next(model.parameters()).device
         layout = model.layout
-        limits = {m.form.max_rows for m in model.layers.modules() if isinstance(m, Linear)}
-        past = {n + 1 for n in limits if n is not None and n + 1 <= self.max_rows}
+        past = {n + 1 for n in form_row_limits(model.layers) if n + 1 <= self.max_rows}
         for rows in sorted({1, 2} | past):
             positions = torch.arange(rows, device=device)
             tables = {name: rope.table(positions) for name, rope in model.ropes.items()}

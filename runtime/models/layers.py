@@ -53,6 +53,13 @@ class Linear(nn.Module):
         w.copy_(w.float().mul_(scale.float()).to(w.dtype))
 
 
+def form_row_limits(module: nn.Module) -> list[int]:
+    """The row counts past which some linear under `module` multiplies by another kernel
+    (WeightForm.max_rows), ascending: where a step's cost jumps."""
+    limits = {m.form.max_rows for m in module.modules() if isinstance(m, Linear) and m.form}
+    return sorted(n for n in limits if n is not None)
+
+
 class RowParallelLinear(Linear):
     """Holds the input columns of its rank: y = all_reduce(x_r W_r^T) (+ b + residual, added
     by rank 0 only, so both are counted once). Without a group it is a plain Linear."""

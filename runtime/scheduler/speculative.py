@@ -6,21 +6,25 @@ proposes what followed the latest earlier occurrence of the request's last n tok
 place, a quoted document. Drafts are verified like every draft (draft.py), so a wrong one
 costs only time: its rows in the forward, and a step off the attention backend's decode path.
 
-`DraftBudget` decides from measurements. How many tokens a request drafts: from its
-acceptance so far (a geometric model: each draft token stands with probability `a` once
-those before it stood) and the cost of a row (`StepCost`, fitted to the engine's own decode
-steps), the j-th draft token being worth its row while a^j * T(B) / B > c, for a step of B
-rows taking T(B) seconds and c seconds per extra row. Whether a step's drafts pay at all
-(`settle`): the fit has a term d for leaving the decode path, which any draft step pays
-whatever its rows, and the drafts go unless the tokens they are expected to save outweigh d
-plus their rows. So one request on a CPU, where weights dominate, drafts whenever anything
-matches; a large batch drafts only what is likely to stand, and only where it pays for d.
+`DraftBudget` decides from measurements: the cost of a step (`StepCost`, fitted to the
+engine's own decode steps) and each request's acceptance so far (a geometric model: a draft
+token stands with probability `a` once those before it stood, so the j-th is worth a^j
+tokens). How many tokens a request drafts (`length`): the k that maximizes what its drafts
+are expected to save, a + ... + a^k sampled tokens at T(B)/B seconds each for a plain step of
+B rows taking T(B), less what k more rows cost. Which of a step's drafts go (`settle`): the
+same choice over all of them together, likeliest tokens first, now also paying for leaving
+the attention backend's decode path, which a step with any draft pays whatever its rows. The
+cost is fitted per span of rows between the weights' row limits (a linear that multiplies
+few rows by the GGUF's own int4 blocks and more by packed bfloat16 costs several times more
+one row past its limit), so drafts that would cross a limit are cut to stay under it where
+that saves more. So one request on a CPU, where weights dominate, drafts whenever anything
+matches, up to the rows its fast kernel takes; a large batch drafts only what is likely to
+stand, and only where it pays for leaving the decode path.
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,11 +41,11 @@ if TYPE_CHECKING:
 COST_WINDOW = 256  # steps the row-cost fit remembers
 
 
-class StepCost:
-    """Seconds a decode step takes, fitted by least squares over the recent ones:
-    T = base + per_row * rows + per_draft_step * [the step verifies drafts]. The last term is
-    what leaving the attention backend's one-row decode path costs, whatever the rows. A
-    term whose feature has not varied yet keeps its last value (zero at first: drafting is
+class SpanCost:
+    """Seconds a decode step of a span of rows takes, fitted by least squares over the recent
+    ones: T = base + per_row * rows + per_draft_step * [the step verifies drafts]. The last
+    term is what leaving the attention backend's one-row decode path costs, whatever the rows.
+    A term whose feature has not varied yet keeps its last value (zero at first: drafting is
     tried, and so measured)."""
 
     def __init__(self, window: int = COST_WINDOW) -> None:
@@ -64,13 +68,42 @@ class StepCost:
                 self.per_draft_step = max(float(c), 0.0)
         self.base = max(float(coef[0]), 0.0)
 
-    def seconds(self, rows: int, drafted: bool = False) -> float:
-        return self.base + self.per_row * rows + self.per_draft_step * drafted
+
+class StepCost:
+    """Seconds a decode step takes: one `SpanCost` per span of rows between `limits`, the row
+    counts past which some linear multiplies by another kernel (layers.form_row_limits), as
+    the cost jumps there. A span no step has reached yet is priced as the nearest one below
+    it that a step has (so crossing a limit is tried, and so measured)."""
+
+    def __init__(self, limits: tuple[int, ...] | list[int] = (), window: int = COST_WINDOW):
+        self.limits = np.array(sorted(set(limits)), dtype=np.int64)
+        self.spans = [SpanCost(window) for _ in range(len(self.limits) + 1)]
+        self.coef: np.ndarray | None = None  # [base, per_row, per_draft_step] x span
+
+    def span(self, rows: int) -> SpanCost:
+        return self.spans[int(np.searchsorted(self.limits, rows))]
+
+    def record(self, rows: int, drafted: bool, seconds: float) -> None:
+        self.span(rows).record(rows, drafted, seconds)
+        self.coef = None
+
+    def seconds(self, rows, drafted: bool = False):
+        """T(rows) for an int or an array of row counts."""
+        if self.coef is None:
+            coef, measured = [], (0.0, 0.0, 0.0)
+            for span in self.spans:
+                if span.samples:
+                    measured = (span.base, span.per_row, span.per_draft_step)
+                coef.append(measured)
+            self.coef = np.array(coef).T
+        base, per_row, per_draft_step = self.coef
+        i = np.searchsorted(self.limits, rows)
+        return base[i] + per_row[i] * rows + per_draft_step[i] * drafted
 
 
 @dataclass(slots=True)
 class DraftBudget:
-    """How many draft tokens a request gets, and whether a step's drafts pay at all (see the
+    """How many draft tokens a request gets, and which of a step's drafts go (see the
     module)."""
 
     max_tokens: int  # --speculative-num-draft-tokens minus the token the step samples anyway
@@ -86,38 +119,51 @@ class DraftBudget:
     @property
     def per_token(self) -> float:
         """What one sampled token costs now: a plain step's time over its requests."""
-        return self.cost.seconds(self.batch_size) / self.batch_size
+        return float(self.cost.seconds(self.batch_size)) / self.batch_size
+
+    def best(self, chances: np.ndarray, rows: int, drafted: bool) -> int:
+        """How many of the draft tokens to verify, likeliest first (chances: each one's
+        probability of standing, descending) in a step of `rows` rows without them (`drafted`:
+        whether that step already verifies drafts, so left the decode path): the count whose
+        expected saving, less the rows' and leaving the decode path's cost, is largest (the
+        most such, so where nothing is measured all are tried)."""
+        saved = np.concatenate([[0.0], np.cumsum(chances)]) * self.per_token
+        extra = np.arange(len(chances) + 1)
+        cost = self.cost.seconds(rows + extra, True) - self.cost.seconds(rows, drafted)
+        cost[0] = 0.0
+        value = saved - cost
+        return len(value) - 1 - int(np.argmax(value[::-1]))
 
     def length(self, req: Req) -> int:
+        """The request's draft length, as if it alone drafted in a step that already verifies
+        drafts (whether the step's drafts pay for that is `settle`'s)."""
         if self.max_tokens <= 0:
             return 0
-        row, per_token = self.cost.per_row, self.per_token
-        if row <= 0 or per_token <= 0:
-            return self.max_tokens
-        # the j-th token pays while a^j * per_token > row: j < log(row / per_token) / log(a)
-        worth = math.log(row / per_token) / math.log(acceptance(req))
-        return max(0, min(self.max_tokens, math.ceil(worth) - 1))
+        if self.per_token <= 0:
+            return self.max_tokens  # nothing measured yet: tried
+        chances = acceptance(req) ** np.arange(1, self.max_tokens + 1)
+        return self.best(chances, self.batch_size, drafted=True)
 
     def settle(self, reqs: list[Req]) -> None:
-        """Drop the step's speculative drafts unless, together, the tokens they are expected
-        to save are worth more than the draft step costs (its rows and leaving the decode
-        path). Constraint drafts stay: they are verified whatever the budget."""
+        """Keep of the step's speculative drafts the likeliest tokens that, together, save
+        the most beyond what their rows and the draft step cost, and drop the rest (a draft
+        is cut from its end). Constraint drafts stay: they are verified whatever the budget."""
         drafts = [r for r in reqs if r.draft and r.speculative_draft]
         if not drafts:
             return
-        saved = sum(expected_accepted(acceptance(r), len(r.draft)) for r in drafts)
-        cost = self.cost.per_draft_step + self.cost.per_row * sum(len(r.draft) for r in drafts)
-        if saved * self.per_token >= cost:  # nothing measured yet (both 0): tried
-            return
-        for r in drafts:
-            r.num_draft_tokens -= len(r.draft)
-            r.draft, r.speculative_draft = [], False
-
-
-def expected_accepted(a: float, k: int) -> float:
-    """Tokens expected to stand of a k-token draft when each stands with probability a once
-    those before it did: a + a^2 + ... + a^k."""
-    return a * (1 - a**k) / (1 - a) if a < 1 else float(k)
+        live = [r for r in reqs if r.finish is None]
+        forced = sum(len(r.draft) for r in live if r.draft and not r.speculative_draft)
+        each = [(acceptance(r), len(r.draft)) for r in drafts]
+        tokens = sorted(
+            ((a**j, i) for i, (a, n) in enumerate(each) for j in range(1, n + 1)), reverse=True
+        )
+        chances = np.array([p for p, _ in tokens])
+        keep = self.best(chances, len(live) + forced, drafted=forced > 0)
+        kept = Counter(i for _, i in tokens[:keep])
+        for i, r in enumerate(drafts):
+            r.num_draft_tokens -= len(r.draft) - kept[i]
+            r.draft = r.draft[: kept[i]]
+            r.speculative_draft = bool(r.draft)
 
 
 def acceptance(req: Req) -> float:

@@ -100,13 +100,16 @@ def test_an_older_conversion_is_converted_again(tiny_llama_dir, tmp_path):
 
 def test_auto_multiplies_steps_of_few_rows_by_the_blocks(tiny_llama_dir, tmp_path, monkeypatch):
     """dtype "auto" with no quantization named: the GGUF's own blocks for the steps of at
-    most the measured rows (injected: 2), the dtype's form for larger ones."""
+    most the measured rows (injected: 2), the dtype's form for larger ones; drafting prices
+    the steps on each side of that limit apart."""
     from stemma.runtime.models.weights import few_rows
 
     path = write_gguf(tiny_llama_dir, tmp_path / "model.gguf", "Q4_1")
     monkeypatch.setattr(few_rows, "own_int4_rows", lambda *args, **kw: 2)
-    engine = Engine(model=str(path), cache_dir=str(tmp_path / "cache"))
+    cache = str(tmp_path / "cache")
+    engine = Engine(model=str(path), cache_dir=cache, speculative_algorithm="NGRAM")
     try:
+        assert list(engine.outputs.budget.cost.limits) == [2]
         info = engine.get_model_info()
         assert info["quantization"] is None
         assert "steps of <= 2 rows multiply the GGUF's own int4 blocks" in info["dtype_reason"]

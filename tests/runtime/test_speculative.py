@@ -19,7 +19,6 @@ from stemma.runtime.scheduler.speculative import (
     NGramDraft,
     StepCost,
     acceptance,
-    expected_accepted,
 )
 
 PARAGRAPH = (
@@ -99,15 +98,44 @@ def fitted(base: float, per_row: float, per_draft_step: float = 0.0) -> StepCost
 
 
 def test_step_cost_fits_base_per_row_and_the_draft_step():
-    cost = fitted(0.030, 0.0005, 0.004)
-    assert cost.base == pytest.approx(0.030)
-    assert cost.per_row == pytest.approx(0.0005)
-    assert cost.per_draft_step == pytest.approx(0.004)
+    (span,) = fitted(0.030, 0.0005, 0.004).spans
+    assert span.base == pytest.approx(0.030)
+    assert span.per_row == pytest.approx(0.0005)
+    assert span.per_draft_step == pytest.approx(0.004)
     flat = StepCost()
     for _ in range(4):
         flat.record(1, False, 0.03)
-    assert (flat.per_row, flat.per_draft_step) == (0.0, 0.0)  # nothing varied: none measured
-    assert flat.base == pytest.approx(0.03)
+    (span,) = flat.spans
+    assert (span.per_row, span.per_draft_step) == (0.0, 0.0)  # nothing varied: none measured
+    assert span.base == pytest.approx(0.03)
+
+
+def few_rows_cost(measured_past_limit: bool = True) -> StepCost:
+    """A CPU step on the GGUF's int4 blocks up to 4 rows (10 ms + 1 ms a row, +0.5 ms off the
+    decode path), on packed bfloat16 past them (25 ms whatever the rows)."""
+    cost = StepCost(limits=[4])
+    for rows, drafted in ((1, False), (2, True), (4, True), (1, False), (3, True)):
+        cost.record(rows, drafted, 0.010 + 0.001 * rows + 0.0005 * drafted)
+    if measured_past_limit:
+        for rows in (5, 8, 6):
+            cost.record(rows, True, 0.025)
+    return cost
+
+
+def test_step_cost_fits_each_span_between_row_limits_apart():
+    cost = few_rows_cost()
+    below, past = cost.spans
+    fit = (below.base, below.per_row, below.per_draft_step)
+    assert fit == pytest.approx((0.010, 0.001, 0.0005))
+    assert past.base == pytest.approx(0.025) and past.per_row == 0.0
+    assert cost.seconds(4, True) == pytest.approx(0.0145)
+    assert cost.seconds(5, True) == pytest.approx(0.025)
+    assert list(cost.seconds(torch.tensor([1, 4, 8]).numpy(), True)) == pytest.approx(
+        [0.0115, 0.0145, 0.025]
+    )
+    # a span no step has reached is priced as the one below it: crossing is tried
+    unknown = few_rows_cost(measured_past_limit=False)
+    assert unknown.seconds(8, True) == pytest.approx(0.010 + 0.008 + 0.0005)
 
 
 def test_budget_drafts_while_a_draft_token_pays_for_its_row():
@@ -160,9 +188,33 @@ def test_a_steps_drafts_are_dropped_unless_together_they_pay_for_leaving_the_dec
     assert jump.draft == [5, 6]
 
 
-def test_expected_accepted_is_the_geometric_sum():
-    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
-    assert expected_accepted(1.0, 4) == 4
+def test_drafts_stay_under_a_row_limit_unless_crossing_it_saves_more():
+    req = make_req([1, 2, 3])
+    budget = DraftBudget(max_tokens=7, cost=few_rows_cost(), batch_size=1)
+    # one request, a token 11 ms: at a = 0.7, 3 drafts save 1.53 tokens for 3 ms of rows,
+    # 7 would save 2.14 for 13.5 ms past the limit
+    req.num_forced_tokens, req.num_drafts_cut = 69, 29
+    assert acceptance(req) == pytest.approx(0.7)
+    assert budget.length(req) == 3
+    # at a = 0.95, 7 drafts save 5.3 tokens: worth the packed step
+    req.num_forced_tokens, req.num_drafts_cut = 94, 4
+    assert budget.length(req) == 7
+    # not measured past the limit yet: priced as below it, so the limit is crossed (the j-th
+    # token pays while 0.7^j * 11 ms > 1 ms)
+    req.num_forced_tokens, req.num_drafts_cut = 69, 29
+    assert DraftBudget(7, few_rows_cost(measured_past_limit=False)).length(req) == 6
+
+
+def test_a_steps_drafts_are_cut_to_stay_under_a_row_limit():
+    budget = DraftBudget(max_tokens=7, cost=few_rows_cost(), batch_size=2)
+    a, b = drafted(make_req([1, 2]), 3), drafted(make_req([1, 2]), 3)
+    for r in (a, b):
+        r.num_forced_tokens, r.num_drafts_cut = 69, 29  # a = 0.7
+    # 2 rows + 6 drafts cross the limit (25 ms); 2 drafts, the likeliest, stay under it
+    budget.settle([a, b])
+    assert (a.draft, b.draft) == ([0], [0])
+    assert a.num_draft_tokens == b.num_draft_tokens == 1
+    assert a.speculative_draft and b.speculative_draft
 
 
 def test_config_takes_sglang_flags_and_refuses_others():
