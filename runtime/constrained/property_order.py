@@ -8,13 +8,16 @@ while a `required` key is missing, min/maxProperties counted as before.
 
 A `required` moves beside the grammar only where it applies to every object at some instance
 path (the walk of unique_items.py: through `properties`, `additionalProperties`, `items`,
-`allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that is the only one admitting objects).
-Elsewhere (under `not`, `if`, a `patternProperties` or an ambiguous branch, or in a recursive
-schema) it stays in the grammar, and so does the schema's order of that object's properties
-(llguidance would emit required patterned keys first, in the order `required` lists them).
-An object with its own `patternProperties` (llguidance refuses overlapping patterns) or
-`unevaluatedProperties`, or with a name that JSON writes with an escape, keeps its listed
-properties in the schema's order too.
+`allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that is the only one admitting objects,
+or through every branch that admits them: the same definition under each). Elsewhere (under
+`not`, `if`, a `patternProperties` or an ambiguous branch, or in a recursive schema) it stays
+in the grammar, and so does the schema's order of that object's properties, and of those of
+every subschema joined with it (`allOf` / `anyOf` / `oneOf` members, `$ref` targets): llguidance
+emits an object's listed properties before its patterned ones, and required patterned keys
+first, so a mix would refuse the schema's own order. An object with its own
+`patternProperties` (llguidance refuses overlapping patterns) or `unevaluatedProperties`, or
+with a name that JSON writes with an escape, keeps its listed properties in the schema's order
+too.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...lang.sampling_table import PROPERTY_ORDERS
-from .schema_logic import DATA_KEYWORDS, as_list
+from .schema_logic import DATA_KEYWORDS, as_list, pointer
 from .unique_items import Step, exact_nodes, matches
 
 # Keywords whose values map names (not keywords) to subschemas.
@@ -85,7 +88,7 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
     rules = tuple(
         (path, _rule(node)) for node, paths in exact.values() for path in sorted(paths, key=repr)
     )
-    out = _copy(schema, frozenset(exact))
+    out = _copy(schema, frozenset(exact), _ordered(schema, frozenset(exact)))
     return None if out == schema else (out, ObjectKeys(rules))
 
 
@@ -131,12 +134,56 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _copy(node: Any, targets: frozenset[int]) -> Any:
-    """A copy of `node` with each object's properties as exact-name patterns and each target
-    object's `required` left to the rule beside the grammar (min/maxProperties stay:
-    llguidance counts keys whatever their patterns)."""
+def _ordered(schema: Any, targets: frozenset[int]) -> frozenset[int]:
+    """The subschemas that keep their listed properties in the schema's order because one
+    that applies to the same objects keeps its `required` in the grammar: llguidance emits an
+    object's listed properties before its patterned ones, so converting some of them would
+    refuse the schema's own order too. Subschemas apply to the same objects when one is the
+    other's `allOf` / `anyOf` / `oneOf` member or `$ref` target (a definition used in several
+    places joins them all: fewer objects in any order, never a valid order refused)."""
+    parent: dict[int, int] = {}
+
+    def root(i: int) -> int:
+        while parent.setdefault(i, i) != i:
+            parent[i] = i = parent[parent[i]]
+        return i
+
+    nodes: dict[int, dict[str, Any]] = {}
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict) or id(node) in nodes:
+            continue
+        nodes[id(node)] = node
+        joined = [m for key in ("allOf", "anyOf", "oneOf") for m in as_list(node.get(key))]
+        if isinstance(node.get("$ref"), str):
+            joined.append(pointer(schema, node["$ref"]))
+        for other in joined:
+            if isinstance(other, dict):
+                parent[root(id(other))] = root(id(node))
+        for key, value in node.items():
+            if key in _NAME_MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key not in DATA_KEYWORDS:
+                stack.append(value)
+    keeping = {root(i) for i, node in nodes.items() if _has_required(node) and i not in targets}
+    return frozenset(i for i in nodes if root(i) in keeping)
+
+
+def _has_required(s: dict[str, Any]) -> bool:
+    required = s.get("required")
+    return isinstance(required, list) and bool(required)
+
+
+def _copy(node: Any, targets: frozenset[int], ordered: frozenset[int] = frozenset()) -> Any:
+    """A copy of `node` with each object's properties as exact-name patterns (but in the
+    `ordered` subschemas) and each target object's `required` left to the rule beside the
+    grammar (min/maxProperties stay: llguidance counts keys whatever their patterns)."""
     if isinstance(node, list):
-        return [_copy(v, targets) for v in node]
+        return [_copy(v, targets, ordered) for v in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
@@ -144,12 +191,12 @@ def _copy(node: Any, targets: frozenset[int]) -> Any:
         if key in DATA_KEYWORDS:
             out[key] = value
         elif key in _NAME_MAPS and isinstance(value, dict):  # names to subschemas
-            out[key] = {name: _copy(sub, targets) for name, sub in value.items()}
+            out[key] = {name: _copy(sub, targets, ordered) for name, sub in value.items()}
         else:
-            out[key] = _copy(value, targets)
+            out[key] = _copy(value, targets, ordered)
     if id(node) in targets:
         out.pop("required", None)
-    if _convertible(node) and "required" not in out:
+    if _convertible(node) and "required" not in out and id(node) not in ordered:
         props = out.pop("properties")
         out["patternProperties"] = {_exact(name): v for name, v in props.items()}
     return out

@@ -23,6 +23,7 @@ from .schema_logic import SchemaLogic, pointer
 Step = tuple[str, Any]
 MAX_DEPTH = 32  # instance path steps followed from the root
 MAX_VISITS = 20_000  # subschema visits (shared $refs are walked once per use)
+MAX_CHAINS = 256  # disjunction chains merged for one subschema at one path
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +49,24 @@ def exact_nodes(
 ) -> dict[int, tuple[dict[str, Any], list[tuple[Step, ...]]]]:
     """The subschemas `wanted` picks that apply to every instance of type `kind` at each
     instance path they are reached at (by id(): the subschema and those paths); none where
-    the walk is cut (a recursive $ref, too deep, too many visits)."""
+    the walk is cut (a recursive $ref, too deep, too many visits). A subschema reached
+    through every branch of an `anyOf` / `oneOf` that an instance could take there (the same
+    definition under each of them) applies whichever branch it takes."""
     walk = _Walk(schema, wanted)
     walk.visit(schema, (), (), frozenset())
     if walk.cut:
         return {}
-    return {
-        node_id: (walk.nodes[node_id], [path for path, _ in visits])
-        for node_id, visits in walk.found.items()
-        if all(walk.transparent(path, chain, kind) for path, chain in visits)
-    }
+    found = {}
+    for node_id, visits in walk.found.items():
+        by_path: dict[tuple[Step, ...], list[Any]] = {}
+        for path, chain in visits:
+            by_path.setdefault(path, []).append(chain)
+        if all(
+            any(walk.transparent(path, chain, kind) for chain in walk.covered(path, chains, kind))
+            for path, chains in by_path.items()
+        ):
+            found[node_id] = (walk.nodes[node_id], list(by_path))
+    return found
 
 
 class _Walk(SchemaLogic):
@@ -94,7 +103,7 @@ class _Walk(SchemaLogic):
             branches = _list_of(s, key)
             types = tuple(self.types(b, 0) for b in branches)
             for i, b in enumerate(branches):
-                link = None if chain is None else (*chain, (types, i, len(path)))
+                link = None if chain is None else (*chain, (id(branches), types, i, len(path)))
                 self.visit(b, path, link, refs)
         self.children(s, path, chain, refs)
 
@@ -126,14 +135,41 @@ class _Walk(SchemaLogic):
         needs there (an object before a key, an array before an index, `kind` at the end)."""
         if chain is None:
             return False
-        for types, taken, depth in chain:
-            if depth == len(path):
-                need = kind
-            else:
-                need = "array" if path[depth][0] in ("index", "item") else "object"
+        for _, types, taken, depth in chain:
+            need = _needed(path, depth, kind)
             if any(need in t for j, t in enumerate(types) if j != taken):
                 return False
         return True
+
+    def covered(self, path: tuple[Step, ...], chains: list[Any], kind: str) -> set[Any]:
+        """The chains a subschema is reached by at `path`, and each one less a disjunction
+        passed where the others reach it through every branch an instance there could take
+        (so the disjunction does not decide whether it applies). None where one of them
+        passes a `not`, an `if` or the like (never exact)."""
+        if None in chains:
+            return set()
+        out = set(chains)
+        grown = True
+        while grown and len(out) <= MAX_CHAINS:
+            grown = False
+            taken_by: dict[Any, set[int]] = {}
+            for chain in out:
+                for k, (where, types, taken, depth) in enumerate(chain):
+                    key = (chain[:k], where, types, depth, chain[k + 1 :])
+                    taken_by.setdefault(key, set()).add(taken)
+            for (head, _, types, depth, tail), taken in taken_by.items():
+                need = _needed(path, depth, kind)
+                if all(j in taken for j, t in enumerate(types) if need in t):
+                    grown |= (*head, *tail) not in out
+                    out.add((*head, *tail))
+        return out
+
+
+def _needed(path: tuple[Step, ...], depth: int, kind: str) -> str:
+    """The type an instance at `path`'s first `depth` steps has for the path to go on."""
+    if depth == len(path):
+        return kind
+    return "array" if path[depth][0] in ("index", "item") else "object"
 
 
 _OPAQUE = frozenset(

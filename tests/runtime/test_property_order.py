@@ -124,6 +124,74 @@ def test_required_under_an_ambiguous_branch_stays_in_the_grammar() -> None:
     assert c.accepts('{"x":1,"y":2}') and c.accepts('{"z":1}') and not c.accepts('{"y":2}')
 
 
+def test_a_definition_every_branch_reaches_applies_whichever_branch_holds() -> None:
+    """An ambiguous anyOf whose branches all hold the same item definition: that item's
+    `required` applies whichever branch holds, so it moves beside the grammar and its
+    branches' keys come in any order (a build config's artifacts)."""
+    artifact = {
+        "required": ["image"],
+        "anyOf": [
+            {"properties": {"image": STR, "context": STR}, "additionalProperties": False},
+            {"properties": {"image": STR, "docker": STR}, "additionalProperties": False},
+        ],
+    }
+    artifacts = {"type": "array", "items": {"$ref": "#/definitions/artifact"}}
+    schema = {
+        "definitions": {"artifact": artifact},
+        "anyOf": [
+            {"properties": {"artifacts": artifacts, "local": INT}, "additionalProperties": False},
+            {"properties": {"artifacts": artifacts, "cloud": INT}, "additionalProperties": False},
+        ],
+    }
+    _, keys = any_order(schema)
+    assert keys.at(["artifacts", 0]).required == {"image"}
+    c = _constraint(schema)
+    assert c.accepts('{"artifacts":[{"context":".","image":"a"}]}')
+    assert c.accepts('{"cloud":1,"artifacts":[{"docker":"d","image":"a"}]}')
+    assert not c.accepts('{"artifacts":[{"context":"."}]}')  # the required key still holds
+    assert not c.accepts('{"artifacts":[{"context":".","docker":"d","image":"a"}]}')
+    # reached through one branch only, it holds only where that branch does: not moved
+    one = {"anyOf": [schema["anyOf"][0], {"properties": {"artifacts": INT}}]}
+    one["definitions"] = schema["definitions"]
+    reordered = any_order(one)
+    assert reordered is None or not reordered[1].at(["artifacts", 0]).required
+    # nor where it is also reached under a `not`
+    negated = {**schema, "not": {"properties": {"artifacts": artifacts}}}
+    reordered = any_order(negated)
+    assert reordered is None or not reordered[1].at(["artifacts", 0]).required
+
+
+def test_a_conjunct_keeping_its_required_keeps_the_others_in_schema_order() -> None:
+    """llguidance writes an object's listed properties before its patterned ones: where one
+    subschema of an object keeps `required` in the grammar, those it is joined with (allOf,
+    $ref) keep their listed properties too, so the schema's own order stays accepted."""
+    item = {"type": "object", "properties": {"id": STR, "name": STR}, "required": ["id"]}
+    plate = {
+        "allOf": [
+            {"$ref": "#/definitions/item"},
+            {"properties": {"kind": {"const": "plate"}}, "required": ["kind"]},
+        ]
+    }
+    tip = {
+        "allOf": [
+            {"$ref": "#/definitions/item"},
+            {"properties": {"kind": {"const": "tip"}}, "required": ["kind"]},
+        ]
+    }
+    schema = {
+        "definitions": {"item": item, "plate": plate, "tip": tip},
+        "type": "object",
+        "properties": {
+            "item": {"anyOf": [{"$ref": "#/definitions/plate"}, {"$ref": "#/definitions/tip"}]}
+        },
+    }
+    out, _ = any_order(schema)
+    assert "properties" in out["definitions"]["item"]  # not turned into patterns
+    c = _constraint(schema)
+    assert c.accepts('{"item":{"id":"a","name":"b","kind":"plate"}}')
+    assert not c.accepts('{"item":{"name":"b","kind":"plate"}}')
+
+
 def test_names_are_matched_exactly() -> None:
     schema = {"type": "object", "properties": {"a.b": INT, "c": INT}, "additionalProperties": False}
     out, _ = any_order(schema)
