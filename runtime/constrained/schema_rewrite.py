@@ -6,7 +6,9 @@ left in place and the backend refuses it by name):
 - `not S`: the complement of S built keyword by keyword (`negate`); a keyword whose complement
   is not a schema (`pattern`, `items`, ...) leaves the `not` as it was;
 - `oneOf`: `anyOf` when the branches are provably disjoint (types, a discriminating constant,
-  a required key the other branch forbids), else "branch i and not the others";
+  a required key the other branch forbids), else "branch i and not the others" (between two
+  closed objects, "a key the other does not list" is "one of this branch's keys the other
+  does not list", which a schema can say);
 - `if`/`then`/`else`: `anyOf [if ∧ then, ¬if ∧ else]`; `then` / `else` without `if` are
   dropped (they assert nothing);
 - `propertyNames` of strings, patterns, lengths and listed names: every key matched by a
@@ -203,15 +205,41 @@ class _Rewriter(SchemaLogic):
     def one_of(self, branches: list[Any]) -> Any:
         if all(self.disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]):
             return {"anyOf": branches}
-        negations = [self.negate(b, 0) for b in branches]
-        if any(n is None for n in negations):
+        exclusive = []
+        for i, b in enumerate(branches):
+            others = [self.negate_within(o, b) for j, o in enumerate(branches) if j != i]
+            if any(n is None for n in others):
+                return None
+            exclusive.append({"allOf": [b, *others]})
+        return {"anyOf": exclusive}
+
+    def negate_within(self, s: Any, context: Any) -> Any:
+        """A schema that an instance of `context` matches exactly when it does not match `s`
+        (None if none is built). Where both are closed objects (`additionalProperties:
+        false`, no patterns), a key `s` does not list is one of the context's own others, so
+        "has a key `s` forbids" is "has one of those", which a schema can say."""
+        closed, within = self.resolve(s, 0), self.resolve(context, 0)
+        if not (_closed_names(closed) is not None and _closed_names(within) is not None):
+            return self.negate(s, 0)
+        rest = self.negate(_without(closed, "additionalProperties"), 0)
+        if rest is None:
             return None
-        return {
-            "anyOf": [
-                {"allOf": [b, *(n for j, n in enumerate(negations) if j != i)]}
-                for i, b in enumerate(branches)
-            ]
-        }
+        extra = [
+            {"type": "object", "required": [k]}
+            for k in _closed_names(within)
+            if k not in _closed_names(closed)
+        ]
+        terms = [*extra, *([] if rest is False else [rest])]
+        return False if not terms else terms[0] if len(terms) == 1 else {"anyOf": terms}
+
+
+def _closed_names(s: Any) -> list[str] | None:
+    """The only keys an object matching `s` can have, where `s` closes its object to its
+    listed properties; else None."""
+    if not isinstance(s, dict) or s.get("additionalProperties") is not False:
+        return None
+    props = s.get("properties", {})
+    return list(props) if isinstance(props, dict) and "patternProperties" not in s else None
 
 
 def _conjoin(s: dict[str, Any], extra: list[Any]) -> dict[str, Any]:

@@ -98,6 +98,19 @@ EXACT = [
         ["a", 1, {"k": [1]}, 2],
     ),
     ({"type": "integer", "enum": [1, 2, 3], "oneOf": [{"minimum": 2}, {"maximum": 2}]}, [1, 2, 3]),
+    # closed objects overlap only where no key of one is there: "not the other" by its keys
+    (
+        {
+            "oneOf": [
+                {"type": "object", "additionalProperties": False, "properties": {"foo": STR}},
+                {
+                    "additionalProperties": False,
+                    "properties": {"bar": STR, "baz": {"type": "boolean"}},
+                },
+            ]
+        },
+        [{}, {"foo": "x"}, {"bar": "y"}, {"baz": True}, {"foo": "x", "bar": "y"}, {"bar": 1}, 3],
+    ),
     # property counts: implied ones dropped, "at least one" and "at most one" by name
     ({"properties": {"a": INT, "b": INT}, "minProperties": 0}, [{}, {"a": 1}, {"a": "x"}]),
     (
