@@ -15,9 +15,9 @@ in the grammar, and so does the schema's order of that object's properties, and 
 every subschema joined with it (`allOf` / `anyOf` / `oneOf` members, `$ref` targets): llguidance
 emits an object's listed properties before its patterned ones, and required patterned keys
 first, so a mix would refuse the schema's own order. An object with its own
-`patternProperties` (llguidance refuses overlapping patterns) or `unevaluatedProperties`, or
-with a name that JSON writes with an escape, keeps its listed properties in the schema's order
-too.
+`patternProperties` that match a listed name (llguidance refuses overlapping patterns) or
+with `unevaluatedProperties`, or with a name that JSON writes with an escape, keeps its listed
+properties in the schema's order too.
 """
 
 from __future__ import annotations
@@ -103,9 +103,24 @@ def _has_rule(s: dict[str, Any]) -> bool:
 def _convertible(s: dict[str, Any]) -> bool:
     """`s`'s listed properties can be exact-name patterns (see the module)."""
     props = s.get("properties")
-    if not (isinstance(props, dict) and props) or "patternProperties" in s:
+    if not (isinstance(props, dict) and props) or not _apart(s.get("patternProperties"), props):
         return False
     return "unevaluatedProperties" not in s and all(_plain(name) for name in props)
+
+
+def _apart(patterns: Any, names: dict[str, Any]) -> bool:
+    """No pattern of the object's own `patternProperties` matches a listed name (so their
+    exact-name patterns do not overlap them, which llguidance refuses); False where a
+    pattern is not one Python's `re` reads."""
+    if patterns is None:
+        return True
+    if not isinstance(patterns, dict):
+        return False
+    try:
+        compiled = [re.compile(p) for p in patterns]
+    except (re.error, TypeError):
+        return False
+    return not any(p.search(name) for p in compiled for name in names)
 
 
 def _plain(name: str) -> bool:
@@ -116,7 +131,8 @@ def _plain(name: str) -> bool:
 def _rule(s: dict[str, Any]) -> KeyRule:
     props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
     low, high = s.get("minProperties"), s.get("maxProperties")
-    closed = s.get("additionalProperties") is False
+    # closed to its listed names; with patterns, the scanner cannot tell which keys they allow
+    closed = s.get("additionalProperties") is False and not s.get("patternProperties")
     return KeyRule(
         frozenset(as_list(s.get("required"))),
         low if _is_int(low) else 0,
@@ -198,5 +214,6 @@ def _copy(node: Any, targets: frozenset[int], ordered: frozenset[int] = frozense
         out.pop("required", None)
     if _convertible(node) and "required" not in out and id(node) not in ordered:
         props = out.pop("properties")
-        out["patternProperties"] = {_exact(name): v for name, v in props.items()}
+        exact = {_exact(name): v for name, v in props.items()}
+        out["patternProperties"] = {**exact, **out.get("patternProperties", {})}
     return out

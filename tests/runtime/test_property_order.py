@@ -200,6 +200,27 @@ def test_names_are_matched_exactly() -> None:
     assert c.accepts('{"c":1,"a.b":2}') and not c.accepts('{"axb":2}')
 
 
+def test_own_patterns_apart_from_the_names_leave_the_keys_in_any_order() -> None:
+    """An object's own patternProperties that match none of its listed names sit beside
+    their exact-name patterns; one that matches a name keeps the schema's order."""
+    schema = {
+        "type": "object",
+        "properties": {"name": STR, "tasks": INT},
+        "patternProperties": {"^\\.": STR},
+        "additionalProperties": False,
+    }
+    out, _ = any_order(schema)
+    assert set(out["patternProperties"]) == {"^name$", "^tasks$", "^\\."}
+    c = _constraint(schema)
+    assert c.accepts('{"tasks":1,".x":"y","name":"n"}')
+    assert not c.accepts('{"tasks":"1"}') and not c.accepts('{".x":1}')
+    required = _constraint({**schema, "required": ["name"]})  # the scanner knows the patterns
+    assert required.accepts('{".x":"y","name":"n"}') and not required.accepts('{".x":"y"}')
+    overlapping = {**schema, "patternProperties": {"^t": INT}}
+    reordered = any_order(overlapping)
+    assert reordered is None or "properties" in reordered[0]
+
+
 def test_schema_order_is_the_default_and_keeps_the_cache_key() -> None:
     spec = ConstraintSpec.create(json_schema=AREA)
     assert spec.property_order == "schema"
