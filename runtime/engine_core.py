@@ -19,7 +19,7 @@ from .config import EngineConfig
 from .dtype_policy import DtypeChoice, MachineMeasurements
 from .executor.model_runner import ModelRunner
 from .faults import Faults
-from .models.gguf_int4 import has_gguf_int4_blocks
+from .models.gguf_int4 import gguf_vocab_type, has_gguf_int4_blocks
 from .models.layers import form_row_limits
 from .models.loader import LoadedModel, load_model
 from .models.weights import few_rows
@@ -97,11 +97,14 @@ def load_runner(
 
 
 def with_own_blocks(plan: WeightPlan, loaded: LoadedModel, dtype: DtypeChoice) -> WeightPlan:
-    """The plan with a GGUF's own 4-bit blocks for the steps of few rows where they measured
-    faster here (what a llama.cpp user chose by picking the file); as it was for checkpoints
-    without blocks."""
-    if not has_gguf_int4_blocks(loaded.ckpt_dir):
-        return plan
-    mc = loaded.config
-    rows = few_rows.own_int4_rows(plan, mc.hidden_size, mc.intermediate_size, dtype.torch_dtype)
-    return plan.with_own_blocks("int4", rows, "the GGUF")
+    """The plan with a GGUF's own 4-bit blocks, and its Q8_0 vocabulary projection as per-row
+    int8, for the steps of few rows where they measured faster here (what a llama.cpp user
+    chose by picking the file); as it was for other checkpoints."""
+    mc, torch_dtype = loaded.config, dtype.torch_dtype
+    if has_gguf_int4_blocks(loaded.ckpt_dir):
+        rows = few_rows.own_int4_rows(plan, mc.hidden_size, mc.intermediate_size, torch_dtype)
+        plan = plan.with_own_blocks("int4", rows, "the GGUF")
+    if gguf_vocab_type(loaded.ckpt_dir) == "Q8_0":
+        rows = few_rows.own_int8_vocab_rows(plan, mc.hidden_size, mc.vocab_size, torch_dtype)
+        plan = plan.with_own_blocks("int8", rows, "the GGUF", vocab=True)
+    return plan

@@ -19,8 +19,10 @@ log = logging.getLogger("stemma.dtype")
 # "none" holds a quantized checkpoint dequantized, in the dtype (never its own blocks).
 QUANTIZATION_METHODS = ("int8", "int4", "w8a8_int8")
 QUANTIZATION_NONE = "none"
-# The forms a checkpoint may carry its own blocks in (a GGUF's Q4_0 / Q4_1: int4).
+# The forms a checkpoint may carry its own blocks in (a GGUF's Q4_0 / Q4_1: int4), and its
+# vocabulary projection's own weights in (a GGUF's Q8_0, per-row int8).
 OWN_FORMS = ("int4",)
+OWN_VOCAB_FORMS = ("int8",)
 # Every form's name (models/weights.FORMS has one class for each): "plain" is F.linear,
 # "packed" oneDNN's blocked bfloat16 layout, "small_steps" a bfloat16 copy for steps of few
 # rows, "fp16" float16 weights in fbgemm's float32 matmul.
@@ -44,6 +46,9 @@ class WeightPlan:
     # rows, the linear form the rest ("": none); dtype "auto" with a GGUF's 4-bit linears.
     own_form: str = ""
     own_rows: int = 0
+    # The same for the vocabulary projection (a name of OWN_VOCAB_FORMS), beside vocab_form.
+    own_vocab_form: str = ""
+    own_vocab_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.linear_form not in LINEAR_FORMS or self.vocab_form not in VOCAB_FORMS:
@@ -62,26 +67,39 @@ class WeightPlan:
                 f"small_steps), transposed_vocab_rows={self.transposed_vocab_rows} (>= 0)"
             )
 
-        if (self.own_form and self.own_form not in OWN_FORMS) or (
-            self.own_rows < 0 or bool(self.own_form) != (self.own_rows > 0)
+        for name, form, rows, forms in (
+            ("own", self.own_form, self.own_rows, OWN_FORMS),
+            ("own vocabulary", self.own_vocab_form, self.own_vocab_rows, OWN_VOCAB_FORMS),
         ):
-            raise ValueError(
-                f"weight plan: own form {self.own_form!r} (one of {OWN_FORMS} or '') with "
-                f"own_rows={self.own_rows} (> 0 exactly with an own form)"
-            )
+            if (form and form not in forms) or rows < 0 or bool(form) != (rows > 0):
+                raise ValueError(
+                    f"weight plan: {name} form {form!r} (one of {forms} or '') with "
+                    f"{name.replace(' ', '_')}_rows={rows} (> 0 exactly with an {name} form)"
+                )
 
-    def with_own_blocks(self, form: str, rows: int, checkpoint: str) -> WeightPlan:
+    def with_own_blocks(
+        self, form: str, rows: int, checkpoint: str, vocab: bool = False
+    ) -> WeightPlan:
         """This plan with the checkpoint's own blocks in `form` for steps of at most `rows`
-        rows (measured: the most rows at which they beat this plan's linear form; 0 keeps
-        the plan, noting why). checkpoint: what carries them, for the reason."""
+        rows (measured: the most rows at which they beat this plan's linear form, or with
+        `vocab` its vocabulary form for the vocabulary projection; 0 keeps the plan, noting
+        why). checkpoint: what carries them, for the reason."""
+        own = f"{checkpoint}'s own {form} {'weights' if vocab else 'blocks'}"
+        other = self.vocab_form if vocab else self.linear_form
         if rows == 0:
-            note = f"{checkpoint}'s own {form} blocks measured slower than {self.linear_form}"
+            note = f"{own} measured slower than {other}"
+        else:
+            note = f"steps of <= {rows} rows multiply {own} (measured)"
+        note = f"the vocabulary: {note}" if vocab else note
+        if rows == 0:
             return dataclasses.replace(self, reason=_joined(self.reason, note))
-        note = f"steps of <= {rows} rows multiply {checkpoint}'s own {form} blocks (measured)"
         log.info("%s", note)
-        return dataclasses.replace(
-            self, own_form=form, own_rows=rows, reason=_joined(self.reason, note)
+        fields = (
+            {"own_vocab_form": form, "own_vocab_rows": rows}
+            if vocab
+            else {"own_form": form, "own_rows": rows}
         )
+        return dataclasses.replace(self, **fields, reason=_joined(self.reason, note))
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()

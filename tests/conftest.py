@@ -26,8 +26,9 @@ settings.load_profile("stemma")
 # explicit float32); the tests of the decision inject their own verdicts, and the measuring
 # code itself runs on tiny sizes through the real_speed_measurements fixture.
 _MEASURED_VERDICTS = {"fp16_weights_win": False, "bfloat16_small_step_rows": 0}
-# ... and whether a GGUF's own 4-bit blocks beat the dtype's form at few rows: "at no rows"
-# (the built-in model computes in its dtype alone); tests of the choice inject their own.
+# ... and whether a GGUF's own 4-bit blocks (or its Q8_0 vocabulary as int8) beat the
+# dtype's form at few rows: "at no rows" (the built-in model computes in its dtype alone);
+# tests of the choice inject their own.
 _OWN_BLOCK_ROWS = 0
 
 
@@ -40,6 +41,7 @@ def _no_speed_measurements():
 
     verdicts = {(policy, name): verdict for name, verdict in _MEASURED_VERDICTS.items()}
     verdicts[(few_rows, "own_int4_rows")] = _OWN_BLOCK_ROWS
+    verdicts[(few_rows, "own_int8_vocab_rows")] = _OWN_BLOCK_ROWS
     originals = {key: getattr(*key) for key in verdicts}
     with pytest.MonkeyPatch.context() as mp:
         for (module, name), verdict in verdicts.items():

@@ -149,10 +149,20 @@ def hold_weights(loaded: LoadedModel, plan: WeightPlan) -> str | None:
     if form.calibrated:
         maxima = input_maxima(model, calibration_ids(loaded.tokenizer, model.cfg.vocab_size))
     model.apply_plan(plan, given, maxima)
-    if not given:
+    notes = []
+    if given:
+        note = (
+            f"{len(given)} of {model.num_linears} linears packed from the GGUF's own 4-bit blocks"
+        )
+        if plan.own_form:
+            note += f", for steps of <= {plan.own_rows} rows ({plan.linear_form} for the others)"
+        notes.append(note)
+    if plan.own_vocab_form:
+        notes.append(
+            f"the vocabulary projection as per-row {plan.own_vocab_form} from the GGUF's Q8_0, "
+            f"for steps of <= {plan.own_vocab_rows} rows ({plan.vocab_form} for the others)"
+        )
+    if not notes:
         return None
-    note = f"{len(given)} of {model.num_linears} linears packed from the GGUF's own 4-bit blocks"
-    if plan.own_form:
-        note += f", for steps of <= {plan.own_rows} rows ({plan.linear_form} for the others)"
-    log.info("%s: %s", plan.linear_form, note)
-    return note
+    log.info("%s: %s", plan.linear_form, "; ".join(notes))
+    return "; ".join(notes)

@@ -258,7 +258,11 @@ class DecoderForCausalLM(nn.Module):
                     form = FewRowsWeight(own, plan.own_rows, form, folded.get(module))
                 module.hold(form)
         vocab = LinearSpec(is_vocab=True)
-        self.lm_head.hold(build_form(plan.vocab_form, self.lm_head.weight, plan, vocab))
+        head = build_form(plan.vocab_form, self.lm_head.weight, plan, vocab)
+        if plan.own_vocab_form:  # the checkpoint's own 8-bit weights for steps of few rows
+            own = build_form(plan.own_vocab_form, self.lm_head.weight, plan, vocab)
+            head = FewRowsWeight(own, plan.own_vocab_rows, head)
+        self.lm_head.hold(head)
 
     @property
     def num_linears(self) -> int:

@@ -108,6 +108,7 @@ def _dequantize_rows(t: Any) -> Any:
 
 
 INT4_BLOCKS_FILE = "quantized/int4.safetensors"  # not *.safetensors at the top: not weights
+TENSOR_TYPES_FILE = "quantized/types.json"  # each tensor's GGUF type ("Q8_0", ...) by HF name
 GGUF_INT4_TYPES = ("Q4_0", "Q4_1")  # 32 codes of 4 bits per block, one scale (and minimum)
 
 
@@ -256,10 +257,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
                 )
                 int4[f"{name}.codes"] = pack_nibbles(codes)
                 int4[f"{name}.scale"], int4[f"{name}.min"] = scale, minimum
+    (out_dir / TENSOR_TYPES_FILE).parent.mkdir(exist_ok=True)
+    types = {n: gguf.GGMLQuantizationType(t.tensor_type).name for t, n in zip(weights, names)}
+    (out_dir / TENSOR_TYPES_FILE).write_text(json.dumps(types, indent=1))
     if int4:
         from safetensors.numpy import save_file
 
-        (out_dir / INT4_BLOCKS_FILE).parent.mkdir()
         save_file(int4, str(out_dir / INT4_BLOCKS_FILE))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     _convert_tokenizer(gguf_path, reader, out_dir)

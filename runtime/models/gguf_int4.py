@@ -7,12 +7,13 @@ weights (gguf_convert.int4_blocks, INT4_BLOCKS_FILE); `--quantization int4` hold
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from .decoder import DecoderForCausalLM
-from .gguf_convert import INT4_BLOCKS_FILE
+from .gguf_convert import INT4_BLOCKS_FILE, TENSOR_TYPES_FILE
 from .layers import Linear
 from .weights import Int4Weight
 
@@ -31,6 +32,16 @@ GGUF_INT4_SOURCES = {
 def has_gguf_int4_blocks(ckpt: Path) -> bool:
     """Whether a GGUF conversion kept 4-bit blocks (its file had Q4_0 / Q4_1 linears)."""
     return (ckpt / INT4_BLOCKS_FILE).exists()
+
+
+def gguf_vocab_type(ckpt: Path) -> str | None:
+    """The GGUF type the vocabulary projection was stored in (its own output tensor, else the
+    embedding it is tied to: "Q8_0", "F16", ...); None for other checkpoints."""
+    try:
+        types = json.loads((ckpt / TENSOR_TYPES_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return types.get("lm_head.weight", types.get("model.embed_tokens.weight"))
 
 
 def gguf_int4_blocks(ckpt: Path) -> dict[str, torch.Tensor]:

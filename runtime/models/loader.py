@@ -135,7 +135,8 @@ def cached_sha256(path: Path, cache_dir: Path) -> str:
 
 # What a converted directory holds; a cached one of another version is converted again.
 # 2: GGUF 4-bit blocks kept beside the float32 weights (gguf_convert.INT4_BLOCKS_FILE).
-CONVERSION_VERSION = 2
+# 3: each tensor's GGUF type (gguf_convert.TENSOR_TYPES_FILE).
+CONVERSION_VERSION = 3
 CONVERSION_MARKER = "stemma-conversion.json"
 
 

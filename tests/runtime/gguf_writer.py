@@ -83,10 +83,13 @@ def _llama3_freq_factors(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(ckpt: Path, out: Path, quant: str | None = None) -> Path:
+def write_gguf(
+    ckpt: Path, out: Path, quant: str | None = None, vocab_quant: str | None = None
+) -> Path:
     """quant: "Q4_0" / "Q4_1" stores every linear weight (a 2-D *_proj tensor whose rows
     split into blocks of 32) in that type, quantized by the gguf package as llama.cpp's
-    quantizer would; everything else stays float32."""
+    quantizer would; vocab_quant ("Q8_0") the same for the embedding and output tensors;
+    everything else stays float32."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -138,8 +141,10 @@ def write_gguf(ckpt: Path, out: Path, quant: str | None = None) -> Path:
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             t = t + 1.0
         t = np.ascontiguousarray(t)
-        if quant is not None and name.endswith("proj.weight") and t.shape[-1] % 32 == 0:
-            kind = gguf.GGMLQuantizationType[quant]
+        is_vocab = name in ("model.embed_tokens.weight", "lm_head.weight")
+        chosen = vocab_quant if is_vocab else quant if name.endswith("proj.weight") else None
+        if chosen is not None and t.ndim == 2 and t.shape[-1] % 32 == 0:
+            kind = gguf.GGMLQuantizationType[chosen]
             w.add_tensor(_gguf_name(name, arch), gguf.quants.quantize(t, kind), raw_dtype=kind)
         else:
             w.add_tensor(_gguf_name(name, arch), t)

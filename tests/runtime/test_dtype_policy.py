@@ -228,3 +228,5 @@ def test_the_own_blocks_measurement_runs_on_tiny_sizes(real_speed_measurements):
 
     rows = few_rows.own_int4_rows(WeightPlan(), 32, 64, torch.float32, weight_bytes=1 << 16)
     assert rows in (0, 1, 2, 4, 8)
+    rows = few_rows.own_int8_vocab_rows(WeightPlan(), 32, 256, torch.float32)
+    assert rows in (0, 1, 2, 4, 8)

@@ -134,6 +134,51 @@ def test_auto_multiplies_steps_of_few_rows_by_the_blocks(tiny_llama_dir, tmp_pat
         engine.shutdown()
 
 
+def test_auto_multiplies_a_q8_0_vocabulary_as_int8_at_few_rows(
+    tiny_llama_dir, tmp_path, monkeypatch
+):
+    """A GGUF whose vocabulary is Q8_0: under dtype "auto" its projection multiplies steps of
+    at most the measured rows (injected: 2) as per-row int8, the vocabulary form the others;
+    a file with a float vocabulary, or `--quantization none`, never measures it."""
+    from stemma.runtime.models.weights import few_rows
+    from stemma.runtime.models.weights.quantized import Int8Weight
+
+    path = write_gguf(tiny_llama_dir, tmp_path / "model.gguf", "Q4_1", vocab_quant="Q8_0")
+    monkeypatch.setattr(few_rows, "own_int8_vocab_rows", lambda *args, **kw: 2)
+    engine = Engine(model=str(path), cache_dir=str(tmp_path / "cache"))
+    try:
+        info = engine.get_model_info()
+        assert (
+            "the vocabulary: steps of <= 2 rows multiply the GGUF's own int8"
+            in info["dtype_reason"]
+        )
+        assert (
+            "the vocabulary projection as per-row int8 from the GGUF's Q8_0" in info["weights_note"]
+        )
+        head = engine.runner.model.lm_head
+        form = head.form
+        assert isinstance(form, few_rows.FewRowsWeight) and isinstance(form.few, Int8Weight)
+        assert form.max_rows == 2 and form.many.name == engine.runner.plan.vocab_form
+        for rows, used in ((1, form.few), (2, form.few), (3, form.many)):
+            x = torch.randn(
+                rows, engine.runner.model.cfg.hidden_size, dtype=engine.runner.model.dtype
+            )
+            assert torch.equal(head(x), used.matmul(x))
+        params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+        out = engine.generate(input_ids=[[5, 9, 13, 2, 7]], sampling_params=params)[0]
+        assert len(out["output_ids"]) == 6
+    finally:
+        engine.shutdown()
+    monkeypatch.setattr(few_rows, "own_int8_vocab_rows", lambda *a, **k: pytest.fail("measured"))
+    for gguf, kwargs in (("Q4_1", {}), ("Q4_1", {"quantization": "none"})):
+        plain = write_gguf(tiny_llama_dir, tmp_path / f"{len(kwargs)}.gguf", gguf)
+        engine = Engine(model=str(plain), cache_dir=str(tmp_path / "cache"), **kwargs)
+        try:
+            assert not isinstance(engine.runner.model.lm_head.form, few_rows.FewRowsWeight)
+        finally:
+            engine.shutdown()
+
+
 @pytest.mark.parametrize("kwargs", [{"quantization": "none"}, {"dtype": "float32"}])
 def test_none_or_an_explicit_dtype_computes_dequantized(
     kwargs, tiny_llama_dir, tmp_path, monkeypatch

@@ -141,3 +141,11 @@ def test_the_plan_takes_own_blocks_only_where_they_won():
         WeightPlan("packed", "packed", own_form="int4")
     with pytest.raises(ValueError, match="own form 'int8'"):
         WeightPlan("packed", "packed", own_form="int8", own_rows=2)
+    vocab = won.with_own_blocks("int8", 2, "the GGUF", vocab=True)
+    assert (vocab.own_vocab_form, vocab.own_vocab_rows, vocab.own_rows) == ("int8", 2, 4)
+    assert "the vocabulary: steps of <= 2 rows multiply the GGUF's own int8 weights" in vocab.reason
+    assert WeightPlan.from_json(vocab.to_json()) == vocab
+    slower = plan.with_own_blocks("int8", 0, "the GGUF", vocab=True)
+    assert slower.own_vocab_form == "" and "measured slower than packed" in slower.reason
+    with pytest.raises(ValueError, match="own vocabulary form 'int4'"):
+        WeightPlan("packed", "packed", own_vocab_form="int4", own_vocab_rows=2)

@@ -1,7 +1,8 @@
 """Two forms of one weight, chosen per step by its rows: a checkpoint's own quantized blocks
 for steps of few rows (decode, where a step streams every weight once and fewer bytes win),
 the dtype's form for the rest (prefill, large batches, where the matmul's arithmetic wins).
-`own_int4_rows` measures where the first stops winning on this machine.
+`own_int4_rows` measures where the first stops winning on this machine, `own_int8_vocab_rows`
+the same for a vocabulary projection held per-row int8 (a GGUF's Q8_0 output).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ... import dtype_policy
 from ...weight_plan import WeightPlan
 from . import build_form
 from .base import PLAIN_SPEC, LinearSpec, MaybeTensor, WeightForm
-from .quantized import Int4Weight
+from .quantized import Int4Weight, Int8Weight
 
 MAX_OWN_ROWS = 8  # the most rows measured: past 8 the dtype's GEMM won on both CPU kinds
 # How much faster the own form must measure to be chosen: near a tie, timing noise on a busy
@@ -82,12 +83,23 @@ def own_int4_rows(
     weights = dtype_policy.streaming_weights(hidden, inter, weight_bytes)
     own = [Int4Weight.from_weight(w, plan) for w in weights]
     many = [build_form(plan.linear_form, w.to(dtype), plan) for w in weights]
+    return crossover_rows(_timer(own, hidden, dtype), _timer(many, hidden, dtype))
 
-    def timer(forms: list[WeightForm]) -> Callable[[int], float]:
-        def time_rows(rows: int) -> float:
-            x = torch.randn(rows, hidden, dtype=dtype)
-            return dtype_policy.best_time(lambda: [f.matmul(x) for f in forms])
 
-        return time_rows
+@functools.cache
+def own_int8_vocab_rows(plan: WeightPlan, hidden: int, vocab: int, dtype: torch.dtype) -> int:
+    """crossover_rows of a per-row int8 vocabulary projection against the plan's vocabulary
+    form in `dtype`, at the model's shape (random weights)."""
+    spec = LinearSpec(is_vocab=True)
+    weight = torch.randn(vocab, hidden) * 0.02
+    own = [Int8Weight.from_weight(weight, plan, spec)]
+    many = [build_form(plan.vocab_form, weight.to(dtype), plan, spec)]
+    return crossover_rows(_timer(own, hidden, dtype), _timer(many, hidden, dtype))
 
-    return crossover_rows(timer(own), timer(many))
+
+def _timer(forms: list[WeightForm], hidden: int, dtype: torch.dtype) -> Callable[[int], float]:
+    def time_rows(rows: int) -> float:
+        x = torch.randn(rows, hidden, dtype=dtype)
+        return dtype_policy.best_time(lambda: [f.matmul(x) for f in forms])
+
+    return time_rows
