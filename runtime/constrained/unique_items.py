@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .schema_logic import SchemaLogic, pointer
+from .schema_logic import DATA_KEYWORDS, SchemaLogic, pointer
 
 # One step of an instance path: ("key", name), ("other", names) for any key not in names,
 # ("index", i), or ("item", start) for any index >= start.
@@ -49,15 +49,20 @@ def exact_nodes(
 ) -> dict[int, tuple[dict[str, Any], list[tuple[Step, ...]]]]:
     """The subschemas `wanted` picks that apply to every instance of type `kind` at each
     instance path they are reached at (by id(): the subschema and those paths); none where
-    the walk is cut (a recursive $ref, too deep, too many visits). A subschema reached
+    the walk is cut (too deep, too many visits), and none of those a recursive $ref reaches
+    (the target of a $ref met again inside itself, and all under it: they apply at paths
+    without end); the rest of a recursive schema is exact as in any other. A subschema reached
     through every branch of an `anyOf` / `oneOf` that an instance could take there (the same
     definition under each of them) applies whichever branch it takes."""
     walk = _Walk(schema, wanted)
     walk.visit(schema, (), (), frozenset())
     if walk.cut:
         return {}
+    recursive = walk.recursive_nodes()
     found = {}
     for node_id, visits in walk.found.items():
+        if node_id in recursive:
+            continue
         by_path: dict[tuple[Step, ...], list[Any]] = {}
         for path, chain in visits:
             by_path.setdefault(path, []).append(chain)
@@ -79,8 +84,9 @@ class _Walk(SchemaLogic):
         self.wanted = wanted
         self.found: dict[int, list[tuple[tuple[Step, ...], Any]]] = {}
         self.nodes: dict[int, dict[str, Any]] = {}
-        self.cut = False  # a recursive $ref, a path past MAX_DEPTH, too many visits
+        self.cut = False  # a path past MAX_DEPTH, too many visits
         self.num_visits = 0
+        self.recursive_refs: set[str] = set()  # $refs met again inside their own target
 
     def visit(self, s: Any, path: tuple[Step, ...], chain: Any, refs: frozenset[str]) -> None:
         if not isinstance(s, dict):
@@ -94,7 +100,7 @@ class _Walk(SchemaLogic):
             self.nodes[id(s)] = s
         if isinstance(ref := s.get("$ref"), str):
             if ref in refs:
-                self.cut = True
+                self.recursive_refs.add(ref)
             else:
                 self.visit(pointer(self.root, ref), path, chain, refs | {ref})
         for member in _list_of(s, "allOf"):
@@ -129,6 +135,22 @@ class _Walk(SchemaLogic):
             if key in _OPAQUE or key in _OPAQUE_MAPS:
                 for sub in subs:
                     self.visit(sub, path, None, refs)
+
+    def recursive_nodes(self) -> set[int]:
+        """The ids of every subschema under a recursive $ref's target (following $refs and
+        every keyword but the data ones)."""
+        seen: set[int] = set()
+        stack = [pointer(self.root, ref) for ref in self.recursive_refs]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, dict) and id(node) not in seen:
+                seen.add(id(node))
+                if isinstance(node.get("$ref"), str):
+                    stack.append(pointer(self.root, node["$ref"]))
+                stack.extend(v for k, v in node.items() if k not in DATA_KEYWORDS)
+        return seen
 
     def transparent(self, path: tuple[Step, ...], chain: Any, kind: str) -> bool:
         """Every branch passed is the only one whose instances can have the type the path

@@ -93,6 +93,27 @@ def test_what_cannot_be_enforced_exactly_is_refused_by_name(schema: Any, keyword
         stemma.Constraint(json_schema=schema, backend="llguidance")
 
 
+def test_a_recursive_schema_keeps_the_arrays_outside_its_recursion_exact() -> None:
+    """A recursive $ref's target applies at paths without end, so what is under it stays
+    refused; an array the recursion never reaches applies at one path, enforced there."""
+    tree = {
+        "type": "object",
+        "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
+    }
+    schema = {
+        "$defs": {"tree": tree},
+        "type": "object",
+        "properties": {"tags": TAGS, "root": {"$ref": "#/$defs/tree"}},
+    }
+    assert unique_arrays(schema).node_ids == {id(TAGS)}
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    assert c.accepts('{"tags":["a","b"],"root":{"kids":[{"kids":[]}]}}')
+    assert not c.accepts('{"tags":["a","a"]}')
+    inside = {**tree, "properties": {**tree["properties"], "tags": TAGS}}
+    with pytest.raises(ValueError, match=re.escape("keyword 'uniqueItems'")):
+        stemma.Constraint(json_schema={**schema, "$defs": {"tree": inside}}, backend="llguidance")
+
+
 def test_an_item_that_could_only_end_as_a_repeat_is_refused_before_its_last_letter() -> None:
     schema = {"type": "array", "items": {"enum": ["red", "blue"]}, "uniqueItems": True}
     c = stemma.Constraint(json_schema=schema, backend="llguidance")
