@@ -98,6 +98,18 @@ def test_an_older_conversion_is_converted_again(tiny_llama_dir, tmp_path):
     assert (ckpt / "config.json").stat().st_mtime_ns == stamp
 
 
+def _dispatches_by_rows_and_generates(engine: Engine, linear, in_features: int) -> None:
+    """`linear`'s FewRowsWeight (limit 2) multiplies 1 and 2 rows by its few form and 3 by
+    its many form; the engine then decodes."""
+    form = linear.form
+    for rows, used in ((1, form.few), (2, form.few), (3, form.many)):
+        x = torch.randn(rows, in_features, dtype=engine.runner.model.dtype)
+        assert torch.equal(linear(x), used.matmul(x))
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    out = engine.generate(input_ids=[[5, 9, 13, 2, 7]], sampling_params=params)[0]
+    assert len(out["output_ids"]) == 6
+
+
 def test_auto_multiplies_steps_of_few_rows_by_the_blocks(tiny_llama_dir, tmp_path, monkeypatch):
     """dtype "auto" with no quantization named: the GGUF's own blocks for the steps of at
     most the measured rows (injected: 2), the dtype's form for larger ones; drafting prices
@@ -124,12 +136,7 @@ def test_auto_multiplies_steps_of_few_rows_by_the_blocks(tiny_llama_dir, tmp_pat
         form = linear.form
         assert isinstance(form, few_rows.FewRowsWeight) and form.max_rows == 2
         assert torch.equal(form.few.dequantize(), want[linear].dequantize())
-        for rows, used in ((1, form.few), (2, form.few), (3, form.many)):
-            x = torch.randn(rows, linear.form.few.in_features, dtype=net.dtype)
-            assert torch.equal(linear(x), used.matmul(x))
-        params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-        out = engine.generate(input_ids=[[5, 9, 13, 2, 7]], sampling_params=params)[0]
-        assert len(out["output_ids"]) == 6
+        _dispatches_by_rows_and_generates(engine, linear, linear.form.few.in_features)
     finally:
         engine.shutdown()
 
@@ -159,14 +166,7 @@ def test_auto_multiplies_a_q8_0_vocabulary_as_int8_at_few_rows(
         form = head.form
         assert isinstance(form, few_rows.FewRowsWeight) and isinstance(form.few, Int8Weight)
         assert form.max_rows == 2 and form.many.name == engine.runner.plan.vocab_form
-        for rows, used in ((1, form.few), (2, form.few), (3, form.many)):
-            x = torch.randn(
-                rows, engine.runner.model.cfg.hidden_size, dtype=engine.runner.model.dtype
-            )
-            assert torch.equal(head(x), used.matmul(x))
-        params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-        out = engine.generate(input_ids=[[5, 9, 13, 2, 7]], sampling_params=params)[0]
-        assert len(out["output_ids"]) == 6
+        _dispatches_by_rows_and_generates(engine, head, engine.runner.model.cfg.hidden_size)
     finally:
         engine.shutdown()
     monkeypatch.setattr(few_rows, "own_int8_vocab_rows", lambda *a, **k: pytest.fail("measured"))
