@@ -166,7 +166,7 @@ class _Walk(SchemaLogic):
     def covered(self, path: tuple[Step, ...], chains: list[Any], kind: str) -> set[Any]:
         """The chains a subschema is reached by at `path`, and each one less a disjunction
         passed where the others reach it through every branch an instance there could take
-        (so the disjunction does not decide whether it applies). None where one of them
+        (so the disjunction does not decide whether it applies). Empty where one of them
         passes a `not`, an `if` or the like (never exact)."""
         if None in chains:
             return set()

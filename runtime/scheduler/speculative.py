@@ -12,7 +12,7 @@ token stands with probability `a` once those before it stood, so the j-th is wor
 tokens). How many tokens a request drafts (`length`): the k that maximizes what its drafts
 are expected to save, a + ... + a^k sampled tokens at T(B)/B seconds each for a plain step of
 B rows taking T(B), less what k more rows cost. Which of a step's drafts go (`settle`): the
-same choice over all of them together, likeliest tokens first, now also paying for leaving
+same choice over all of them together, likeliest tokens first, also paying for leaving
 the attention backend's decode path, which a step with any draft pays whatever its rows. The
 cost is fitted per span of rows between the weights' row limits (a linear that multiplies
 few rows by the GGUF's own int4 blocks and more by packed bfloat16 costs several times more
