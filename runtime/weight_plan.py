@@ -85,14 +85,12 @@ class WeightPlan:
         `vocab` its vocabulary form for the vocabulary projection; 0 keeps the plan, noting
         why). checkpoint: what carries them, for the reason."""
         own = f"{checkpoint}'s own {form} {'weights' if vocab else 'blocks'}"
-        other = self.vocab_form if vocab else self.linear_form
+        which = "the vocabulary: " if vocab else ""
         if rows == 0:
-            note = f"{own} measured slower than {other}"
-        else:
-            note = f"steps of <= {rows} rows multiply {own} (measured)"
-        note = f"the vocabulary: {note}" if vocab else note
-        if rows == 0:
+            other = self.vocab_form if vocab else self.linear_form
+            note = f"{which}{own} measured slower than {other}"
             return dataclasses.replace(self, reason=_joined(self.reason, note))
+        note = f"{which}steps of <= {rows} rows multiply {own} (measured)"
         log.info("%s", note)
         fields = (
             {"own_vocab_form": form, "own_vocab_rows": rows}

@@ -95,10 +95,7 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
 
 def _has_rule(s: dict[str, Any]) -> bool:
     """`s` says something of an object's keys that order used to carry."""
-    required = s.get("required")
-    if isinstance(required, list) and required and all(isinstance(k, str) for k in required):
-        return True
-    return _convertible(s)
+    return _has_required(s) or _convertible(s)
 
 
 def _convertible(s: dict[str, Any]) -> bool:
@@ -191,8 +188,11 @@ def _ordered(schema: Any, targets: frozenset[int]) -> frozenset[int]:
 
 
 def _has_required(s: dict[str, Any]) -> bool:
+    """`s` requires some keys (a list of names)."""
     required = s.get("required")
-    return isinstance(required, list) and bool(required)
+    return (
+        isinstance(required, list) and bool(required) and all(isinstance(k, str) for k in required)
+    )
 
 
 def _copy(node: Any, targets: frozenset[int], ordered: frozenset[int] = frozenset()) -> Any:

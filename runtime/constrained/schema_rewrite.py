@@ -31,6 +31,7 @@ made. A node left with nothing to assert but one conjunct becomes that conjunct,
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -205,32 +206,36 @@ class _Rewriter(SchemaLogic):
     def one_of(self, branches: list[Any]) -> Any:
         if all(self.disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]):
             return {"anyOf": branches}
+        resolved = [self.resolve(b, 0) for b in branches]
+        names = [_closed_names(r) for r in resolved]
+
+        @functools.cache
+        def negated(j: int, opened: bool) -> Any:
+            """Branch j's complement; `opened`: of all but its `additionalProperties: false`."""
+            return self.negate(
+                _without(resolved[j], "additionalProperties") if opened else branches[j], 0
+            )
+
+        def outside(j: int, i: int) -> Any:
+            """The instances of branch i that fail branch j (None if no schema is built).
+            Where both close their objects, a key j does not list is one of i's others, so
+            "has a key j forbids" is "has one of those", which a schema can say."""
+            if names[i] is None or names[j] is None:
+                return negated(j, False)
+            rest = negated(j, True)
+            if rest is None:
+                return None
+            terms = [{"type": "object", "required": [k]} for k in names[i] if k not in names[j]]
+            terms += [] if rest is False else [rest]
+            return False if not terms else terms[0] if len(terms) == 1 else {"anyOf": terms}
+
         exclusive = []
         for i, b in enumerate(branches):
-            others = [self.negate_within(o, b) for j, o in enumerate(branches) if j != i]
+            others = [outside(j, i) for j in range(len(branches)) if j != i]
             if any(n is None for n in others):
                 return None
             exclusive.append({"allOf": [b, *others]})
         return {"anyOf": exclusive}
-
-    def negate_within(self, s: Any, context: Any) -> Any:
-        """A schema that an instance of `context` matches exactly when it does not match `s`
-        (None if none is built). Where both are closed objects (`additionalProperties:
-        false`, no patterns), a key `s` does not list is one of the context's own others, so
-        "has a key `s` forbids" is "has one of those", which a schema can say."""
-        closed, within = self.resolve(s, 0), self.resolve(context, 0)
-        if not (_closed_names(closed) is not None and _closed_names(within) is not None):
-            return self.negate(s, 0)
-        rest = self.negate(_without(closed, "additionalProperties"), 0)
-        if rest is None:
-            return None
-        extra = [
-            {"type": "object", "required": [k]}
-            for k in _closed_names(within)
-            if k not in _closed_names(closed)
-        ]
-        terms = [*extra, *([] if rest is False else [rest])]
-        return False if not terms else terms[0] if len(terms) == 1 else {"anyOf": terms}
 
 
 def _closed_names(s: Any) -> list[str] | None:

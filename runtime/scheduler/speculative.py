@@ -121,13 +121,13 @@ class DraftBudget:
         """What one sampled token costs now: a plain step's time over its requests."""
         return float(self.cost.seconds(self.batch_size)) / self.batch_size
 
-    def best(self, chances: np.ndarray, rows: int, drafted: bool) -> int:
+    def best(self, chances: np.ndarray, rows: int, drafted: bool, per_token: float) -> int:
         """How many of the draft tokens to verify, likeliest first (chances: each one's
         probability of standing, descending) in a step of `rows` rows without them (`drafted`:
         whether that step already verifies drafts, so left the decode path): the count whose
-        expected saving, less the rows' and leaving the decode path's cost, is largest (the
-        most such, so where nothing is measured all are tried)."""
-        saved = np.concatenate([[0.0], np.cumsum(chances)]) * self.per_token
+        expected saving (per_token seconds a token), less the rows' and leaving the decode
+        path's cost, is largest (the most such, so where nothing is measured all are tried)."""
+        saved = np.concatenate([[0.0], np.cumsum(chances)]) * per_token
         extra = np.arange(len(chances) + 1)
         cost = self.cost.seconds(rows + extra, True) - self.cost.seconds(rows, drafted)
         cost[0] = 0.0
@@ -139,10 +139,11 @@ class DraftBudget:
         drafts (whether the step's drafts pay for that is `settle`'s)."""
         if self.max_tokens <= 0:
             return 0
-        if self.per_token <= 0:
+        per_token = self.per_token
+        if per_token <= 0:
             return self.max_tokens  # nothing measured yet: tried
         chances = acceptance(req) ** np.arange(1, self.max_tokens + 1)
-        return self.best(chances, self.batch_size, drafted=True)
+        return self.best(chances, self.batch_size, True, per_token)
 
     def settle(self, reqs: list[Req]) -> None:
         """Keep of the step's speculative drafts the likeliest tokens that, together, save
@@ -158,7 +159,7 @@ class DraftBudget:
             ((a**j, i) for i, (a, n) in enumerate(each) for j in range(1, n + 1)), reverse=True
         )
         chances = np.array([p for p, _ in tokens])
-        keep = self.best(chances, len(live) + forced, drafted=forced > 0)
+        keep = self.best(chances, len(live) + forced, forced > 0, self.per_token)
         kept = Counter(i for _, i in tokens[:keep])
         for i, r in enumerate(drafts):
             r.num_draft_tokens -= len(r.draft) - kept[i]
