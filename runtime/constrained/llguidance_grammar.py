@@ -78,7 +78,7 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
         options |= {"lenient": True, "coerce_one_of": True}
 
     def grammar(schema: Any) -> str:
-        return LLMatcher.grammar_from_json_schema(schema, overrides=options)
+        return LLMatcher.grammar_from_json_schema(combinators_first(schema), overrides=options)
 
     schema = json.loads(spec.json_schema)
     rewritten: Any = None
@@ -142,6 +142,39 @@ def ebnf_grammar(text: str) -> str:
         return grammar_from("ebnf", text)
     except ValueError as err:
         raise ValueError(f"invalid ebnf grammar: {err}") from None
+
+
+_COMBINATORS = ("$ref", "allOf", "anyOf", "oneOf")
+
+
+def combinators_first(node: Any) -> Any:
+    """`node` with `$ref` / `allOf` / `anyOf` / `oneOf` first among the keys of every subschema
+    that has `patternProperties` (the same schema: JSON objects are unordered). llguidance
+    1.9 reads such a subschema's keys in two parts around its first combinator, so an
+    `additionalProperties: false` on one side of it refuses the keys that the
+    `patternProperties` on the other side allow. Unchanged where nothing moves."""
+    if isinstance(node, list):
+        items = [combinators_first(item) for item in node]
+        return items if any(a is not b for a, b in zip(items, node)) else node
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] | None = None
+    for key, child in node.items():
+        if key in DATA_KEYWORDS:
+            continue
+        if key in _NAMED_SUBSCHEMAS and isinstance(child, dict):
+            new: Any = {name: combinators_first(sub) for name, sub in child.items()}
+            new = child if all(new[n] is child[n] for n in child) else new
+        else:
+            new = combinators_first(child)
+        if new is not child:
+            out = dict(node) if out is None else out
+            out[key] = new
+    node = node if out is None else out
+    if "patternProperties" in node and any(k in node for k in _COMBINATORS):
+        first = {k: node[k] for k in _COMBINATORS if k in node}
+        node = first | {k: v for k, v in node.items() if k not in first}
+    return node
 
 
 @lru_cache(maxsize=256)

@@ -78,7 +78,7 @@ class SchemaLogic:
             target = pointer(self.root, s["$ref"])
             out &= self.types(target, depth + 1) if target is not None else JSON_TYPES
         if "type" in s:
-            out &= _type_set(s["type"])
+            out &= type_set(s["type"])
         if isinstance(s.get("enum"), list):
             out &= frozenset(_json_type(v) for v in s["enum"])
         if "const" in s:
@@ -248,13 +248,13 @@ def _class_escape(ch: str) -> str:
 
 
 def _complement_types(value: Any) -> frozenset[str] | None:
-    named = _type_set(value)
+    named = type_set(value)
     if "integer" in as_list(value) and "number" not in as_list(value):
         return None  # the non-integer numbers are no JSON type
     return JSON_TYPES - named
 
 
-def _type_set(value: Any) -> frozenset[str]:
+def type_set(value: Any) -> frozenset[str]:
     names = set(as_list(value))
     if "integer" in names:
         names = (names - {"integer"}) | {"number"}

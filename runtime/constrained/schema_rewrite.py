@@ -19,6 +19,9 @@ left in place and the backend refuses it by name):
   beside the grammar (unique_items.py);
 - a subschema whose instances come from a listed set (`enum` / `const`, its own or an `allOf`
   member's) next to any of the above: the listed values that pass it (schema_finite.py);
+- a `type` beside `$ref` / `anyOf` / `oneOf` / `allOf` that they already imply, and a listed
+  property that a matching `patternProperties` entry already says (llguidance would intersect
+  them, which it cannot around a recursive `$ref`);
 - `minProperties` / `maxProperties` that the required and the closed properties already imply,
   and "at least one" / "at most one" property said by naming which one is there;
 - `format` values llguidance does not know: JSON Schema makes an unknown format an annotation,
@@ -33,10 +36,11 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from .schema_finite import FiniteFolder, annotations
-from .schema_logic import ASSERTIONS, SchemaLogic, as_list, pointer, pointer_escape
+from .schema_logic import ASSERTIONS, SchemaLogic, as_list, pointer, pointer_escape, type_set
 from .schema_refs import TooLarge, inline_cyclic_refs
 from .unique_items import UniqueArrays, unique_arrays
 
@@ -47,6 +51,7 @@ _ONE = frozenset(
 )
 _MANY = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _MAP = frozenset("properties patternProperties $defs definitions dependentSchemas".split())
+_COMBINED = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
 MAX_GROWTH = 16  # a rewritten schema may be at most this many times the original's size
 # What a propertyNames schema may assert and still be said by the keys' own keywords.
 _NAME_KEYWORDS = frozenset({"type", "pattern", "minLength", "maxLength", "enum", "const"})
@@ -150,11 +155,23 @@ class _Rewriter(SchemaLogic):
         s, at_least_one = _property_counts(s)
         if at_least_one is not None:
             extra.append(at_least_one)
+        s = self.implied_type(s)
+        s = _patterned_properties(s)
         if "$ref" in s and any(k in ASSERTIONS and k != "$ref" for k in s):
             # the same conjunction, which llguidance also takes when the $ref is recursive
             extra.insert(0, {"$ref": s["$ref"]})
             s = _without(s, "$ref")
         return _conjoin(s, extra)
+
+    def implied_type(self, s: dict[str, Any]) -> dict[str, Any]:
+        """`s` without a `type` that its `$ref` / `anyOf` / `oneOf` / `allOf` already imply
+        (every instance they admit has one of its types): llguidance would intersect the
+        two, which it cannot where a `$ref` under them is recursive."""
+        kinds = as_list(s.get("type"))
+        if not kinds or not _COMBINED & set(s) or "integer" in kinds and "number" not in kinds:
+            return s
+        rest = _without(s, "type")
+        return rest if self.types(rest, 0) <= type_set(kinds) else s
 
     def unique(self) -> UniqueArrays:
         """Where the document's uniqueItems is enforced beside the grammar (one walk)."""
@@ -299,6 +316,37 @@ def _dependency(key: str, dependency: Any) -> Any:
 
 def _int(v: Any, default: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _patterned_properties(s: dict[str, Any]) -> dict[str, Any]:
+    """`s` without the listed properties that a `patternProperties` entry matching the name
+    already says (the same assertions, or the name's schema asserts nothing): a key must
+    pass both, and llguidance would intersect them, which it cannot where a recursive `$ref`
+    is under them. Patterns Python's `re` does not read are left alone."""
+    props, patterns = s.get("properties"), s.get("patternProperties")
+    if not (isinstance(props, dict) and isinstance(patterns, dict) and props and patterns):
+        return s
+    try:
+        compiled = [(re.compile(p), _asserted(sub)) for p, sub in patterns.items()]
+    except (re.error, TypeError):
+        return s
+    kept = {}
+    for name, sub in props.items():
+        said = [text for pattern, text in compiled if pattern.search(name)]
+        if not said or _asserted(sub) not in [*said, _asserted(True)]:
+            kept[name] = sub
+    if len(kept) == len(props):
+        return s
+    return {**s, "properties": kept} if kept else _without(s, "properties")
+
+
+def _asserted(s: Any) -> str:
+    """What `s` asserts, as comparable text (annotations left out; true and {} alike)."""
+    if s is True or not isinstance(s, dict):
+        s = {} if s is True else s
+    else:
+        s = {k: v for k, v in s.items() if k in ASSERTIONS}
+    return json.dumps(s, sort_keys=True)
 
 
 def _without(s: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -107,6 +107,15 @@ SEMANTICS = [  # (schema, accepted instances, rejected instances)
     ({"type": "string", "pattern": "^[a-z]+[0-9]$"}, ["ab1"], ["ab", "1"]),
     ({"type": "string", "format": "date"}, ["2024-02-29"], ["2024-13-01", "x"]),
     ({"type": "array", "minItems": 2, "maxItems": 3}, [[1, "a"]], [[1], [1, 2, 3, 4]]),
+    (  # keys in any order in the document: llguidance 1.9 reads them around the allOf
+        {
+            "additionalProperties": False,
+            "allOf": [{"type": "object"}],
+            "patternProperties": {"^id$": {"type": "string"}},
+        },
+        [{"id": "a"}, {}],
+        [{"id": 1}, {"x": "a"}],
+    ),
 ]
 
 

@@ -195,6 +195,46 @@ EXACT = [
     ),
     ({"propertyNames": {"type": "string"}, "additionalProperties": INT}, [{"a": 1}, {"a": "x"}]),
     ({"propertyNames": False}, [{}, {"a": 1}, [1]]),
+    # a `type` its anyOf already implies, beside recursive $refs: left out
+    (
+        {
+            "definitions": {
+                "node": {
+                    "type": "object",
+                    "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/kid"}}},
+                    "required": ["kids"],
+                    "additionalProperties": False,
+                },
+                "leaf": {"type": "object", "properties": {"v": INT}, "required": ["v"]},
+            },
+            "$defs": {
+                "kid": {
+                    "type": "object",
+                    "anyOf": [{"$ref": "#/definitions/node"}, {"$ref": "#/definitions/leaf"}],
+                }
+            },
+            "$ref": "#/definitions/node",
+        },
+        [
+            {"kids": []},
+            {"kids": [{"v": 1}, {"kids": [{"v": 2}]}]},
+            {"kids": [{"v": "x"}]},
+            {"kids": [{}]},
+            {"kids": [3]},
+        ],
+    ),
+    # a listed property that a matching pattern already says: left to the pattern
+    (
+        {
+            "definitions": {
+                "node": {"type": "object", "properties": {"next": {"$ref": "#/definitions/node"}}}
+            },
+            "type": "object",
+            "properties": {"head": {"$ref": "#/definitions/node", "title": "first"}},
+            "patternProperties": {"^h": {"$ref": "#/definitions/node"}},
+        },
+        [{"head": {"next": {}}}, {"head": {"next": 1}}, {"hx": {"next": {"next": {}}}}, {"x": 1}],
+    ),
     # then / else without if assert nothing
     ({"type": "object", "then": {"required": ["a"]}, "else": False}, [{}, {"a": 1}, 3]),
     # a recursive $ref that llguidance would intersect with its siblings: its target instead
@@ -292,6 +332,31 @@ def test_an_unknown_format_is_an_annotation_and_says_so() -> None:
     assert any("'color' at #" in w and "annotation" in w for w in c.warnings)
     checked = stemma.Constraint(json_schema={"type": "string", "format": "date"})
     assert not checked.accepts('"red"')  # a format llguidance knows is still checked
+
+
+@pytest.mark.parametrize(
+    ("kinds", "branches", "implied"),
+    [
+        ("object", [{"$ref": "#/$defs/o"}, {"type": "object", "required": ["a"]}], True),
+        (["object", "null"], [{"$ref": "#/$defs/o"}, {"type": "null"}], True),
+        ("object", [{"$ref": "#/$defs/o"}, STR], False),  # a string passes the anyOf
+        ("integer", [{"type": "number"}, {"$ref": "#/$defs/o"}], False),  # 1.5 is a number
+    ],
+)
+def test_a_type_the_branches_imply_is_left_out(kinds: Any, branches: Any, implied: bool) -> None:
+    """llguidance cannot intersect a recursive $ref with siblings, even a `type` it implies."""
+    schema = {
+        "$defs": {"o": {"type": "object", "properties": {"o": {"$ref": "#/$defs/o"}}}},
+        "not": {"required": ["x"]},  # something to rewrite
+        "properties": {"v": {"type": kinds, "anyOf": branches}},
+    }
+    kept = rewrite_schema(schema, lambda _: True)[0]["properties"]["v"]
+    assert ("type" not in kept) == implied
+    defs = schema["$defs"]
+    for value in [{"o": {}}, {"a": 1}, None, "s", 1.5, 2]:  # the same instances pass
+        assert _valid({**kept, "$defs": defs}, value) == _valid(
+            {**schema["properties"]["v"], "$defs": defs}, value
+        )
 
 
 def _multiplying_refs(width: int) -> dict[str, Any]:
