@@ -22,6 +22,13 @@ left in place and the backend refuses it by name):
 - a `type` beside `$ref` / `anyOf` / `oneOf` / `allOf` that they already imply, and a listed
   property that a matching `patternProperties` entry already says (llguidance would intersect
   them, which it cannot around a recursive `$ref`);
+- a `patternProperties` entry that matches every key, beside others (llguidance refuses
+  overlapping patterns): `additionalProperties`, and a conjunct of each other entry and each
+  listed property;
+- a `required` name inside a subschema that applies to the same instance as one already
+  requiring it (`allOf` / `anyOf` / `oneOf` / `not` / `if` / `then` / `else`, as written or
+  made by the rewrites above): left out, so that under property_order "any" no conjunct keeps
+  the schema's order for it;
 - `minProperties` / `maxProperties` that the required and the closed properties already imply,
   and "at least one" / "at most one" property said by naming which one is there;
 - `format` values llguidance does not know: JSON Schema makes an unknown format an annotation,
@@ -110,7 +117,8 @@ class _Rewriter(SchemaLogic):
                 }
             else:
                 out[key] = value
-        return self.own(out, path)
+        own = self.own(out, path)
+        return _without_required(own, frozenset(_strings(own.get("required"))), top=True)
 
     def own(self, s: dict[str, Any], path: str) -> dict[str, Any]:
         if _FOLDED_BESIDE & set(s) and (folded := self.fold(s, path)) is not None:
@@ -156,7 +164,7 @@ class _Rewriter(SchemaLogic):
         if at_least_one is not None:
             extra.append(at_least_one)
         s = self.implied_type(s)
-        s = _patterned_properties(s)
+        s = _patterned_properties(_every_key_pattern(s))
         if "$ref" in s and any(k in ASSERTIONS and k != "$ref" for k in s):
             # the same conjunction, which llguidance also takes when the $ref is recursive
             extra.insert(0, {"$ref": s["$ref"]})
@@ -316,6 +324,58 @@ def _dependency(key: str, dependency: Any) -> Any:
 
 def _int(v: Any, default: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+# Where a subschema applies to the same instance as the one holding it.
+_SAME_INSTANCE = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else"})
+
+
+def _without_required(s: Any, names: frozenset[str], top: bool = False) -> Any:
+    """`s` with `names` left out of the `required` of the subschemas written inside it that
+    apply to the same instance (`allOf`, `anyOf`, `oneOf`, `not`, `if`, `then`, `else`), the
+    names `s` itself requires: an instance without one fails `s` whatever they say, and
+    llguidance keeps the schema's order of an object whose `required` stays in its grammar."""
+    if not names or not isinstance(s, dict):
+        return s
+    out = dict(s)
+    if not top and "required" in s:
+        kept = [k for k in as_list(s["required"]) if k not in names]
+        out = {**_without(out, "required"), **({"required": kept} if kept else {})}
+    for key in _SAME_INSTANCE & set(s):
+        value = s[key]
+        if isinstance(value, list):
+            out[key] = [_without_required(v, names) for v in value]
+        else:
+            out[key] = _without_required(value, names)
+    return out if out != s else s
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in as_list(value) if isinstance(v, str)] if isinstance(value, list) else []
+
+
+_EVERY_KEY = frozenset({"", ".*", "^.*", ".*$"})  # patterns that match every key
+
+
+def _every_key_pattern(s: dict[str, Any]) -> dict[str, Any]:
+    """`s` with a `patternProperties` entry that matches every key, beside others, said as
+    `additionalProperties` and within each of the others and each listed property (a key
+    passes every pattern it matches; llguidance refuses patterns that overlap)."""
+    patterns = s.get("patternProperties")
+    if not isinstance(patterns, dict) or len(patterns) < 2 or "unevaluatedProperties" in s:
+        return s
+    every = next((p for p in patterns if p in _EVERY_KEY), None)
+    if every is None:
+        return s
+    common = patterns[every]
+
+    def both(sub: Any) -> Any:
+        return sub if _asserted(common) == _asserted(True) else {"allOf": [common, sub]}
+
+    out = {**s, "patternProperties": {p: both(v) for p, v in patterns.items() if p != every}}
+    if isinstance(s.get("properties"), dict):
+        out["properties"] = {k: both(v) for k, v in s["properties"].items()}
+    return {**out, "additionalProperties": common}
 
 
 def _patterned_properties(s: dict[str, Any]) -> dict[str, Any]:

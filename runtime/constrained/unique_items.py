@@ -3,11 +3,14 @@ llguidance schema leaves the keyword out and `BesideMatcher` refuses any token t
 complete an item equal (JSON equality) to an earlier item of the same array.
 
 That is exact only where the keyword applies to every array at some instance path: a schema
-reached from the root through `properties`, `additionalProperties`, `items`, `prefixItems`,
-`allOf` and local `$ref`s, or through an `anyOf` / `oneOf` branch that is the only one whose
-instances can have the type the path needs there (`unique_arrays`). A `uniqueItems` under
-`not`, `if`, a `patternProperties` or an ambiguous branch, or in a recursive schema, stays in
-the schema, and the backend refuses it by name as before.
+reached from the root through `properties`, `patternProperties` (keys as ECMA-262 reads the
+pattern; schema_logic.ecma_regex), `additionalProperties`, `items`, `prefixItems`, `allOf`
+and local `$ref`s, or through an `anyOf` / `oneOf` branch that is the only one whose
+instances can have the types the path needs there, down to the array itself
+(`unique_arrays`). Under an `anyOf` with a branch that asserts nothing, every instance
+passes: the keyword is left out there and enforced nowhere. A `uniqueItems` under `not`,
+`if`, a pattern not read here or an ambiguous branch, or in a recursive schema, stays in the
+schema, and the backend refuses it by name as before.
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .schema_logic import DATA_KEYWORDS, SchemaLogic, pointer
+from .schema_logic import ASSERTIONS, DATA_KEYWORDS, JSON_TYPES, SchemaLogic, ecma_regex, pointer
 
-# One step of an instance path: ("key", name), ("other", names) for any key not in names,
-# ("index", i), or ("item", start) for any index >= start.
+# One step of an instance path: ("key", name), ("pattern", p) for any key the pattern p
+# matches, ("other", (names, patterns)) for any key not in names and matched by none of the
+# patterns, ("index", i), or ("item", start) for any index >= start.
 Step = tuple[str, Any]
 MAX_DEPTH = 32  # instance path steps followed from the root
 MAX_VISITS = 20_000  # subschema visits (shared $refs are walked once per use)
 MAX_CHAINS = 256  # disjunction chains merged for one subschema at one path
+FREE = "free"  # the chain of a subschema under an anyOf that admits every instance anyway
+MAX_HOPS = 64  # $refs, conjuncts, branches and steps followed to type a value inside a branch
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +59,8 @@ def exact_nodes(
     (the target of a $ref met again inside itself, and all under it: they apply at paths
     without end); the rest of a recursive schema is exact as in any other. A subschema reached
     through every branch of an `anyOf` / `oneOf` that an instance could take there (the same
-    definition under each of them) applies whichever branch it takes."""
+    definition under each of them) applies whichever branch it takes; one reached only under
+    an `anyOf` that admits every instance anyway is found with no paths (nothing to enforce)."""
     walk = _Walk(schema, wanted)
     walk.visit(schema, (), (), frozenset())
     if walk.cut:
@@ -65,7 +72,8 @@ def exact_nodes(
             continue
         by_path: dict[tuple[Step, ...], list[Any]] = {}
         for path, chain in visits:
-            by_path.setdefault(path, []).append(chain)
+            if chain is not FREE:  # where it asserts nothing, it needs no enforcing
+                by_path.setdefault(path, []).append(chain)
         if all(
             any(walk.transparent(path, chain, kind) for chain in walk.covered(path, chains, kind))
             for path, chains in by_path.items()
@@ -87,6 +95,7 @@ class _Walk(SchemaLogic):
         self.cut = False  # a path past MAX_DEPTH, too many visits
         self.num_visits = 0
         self.recursive_refs: set[str] = set()  # $refs met again inside their own target
+        self.branches: dict[int, list[Any]] = {}  # each anyOf / oneOf passed, by id()
 
     def visit(self, s: Any, path: tuple[Step, ...], chain: Any, refs: frozenset[str]) -> None:
         if not isinstance(s, dict):
@@ -107,7 +116,12 @@ class _Walk(SchemaLogic):
             self.visit(member, path, chain, refs)
         for key in ("anyOf", "oneOf"):
             branches = _list_of(s, key)
+            if chain is FREE or key == "anyOf" and any(_asserts_nothing(b) for b in branches):
+                for b in branches:  # it admits every instance, whatever the others say
+                    self.visit(b, path, FREE, refs)
+                continue
             types = tuple(self.types(b, 0) for b in branches)
+            self.branches[id(branches)] = branches
             for i, b in enumerate(branches):
                 link = None if chain is None else (*chain, (id(branches), types, i, len(path)))
                 self.visit(b, path, link, refs)
@@ -119,9 +133,14 @@ class _Walk(SchemaLogic):
         props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
         for name, sub in props.items():
             self.visit(sub, (*path, ("key", name)), chain, refs)
-        patterned = isinstance(s.get("patternProperties"), dict) and s["patternProperties"]
-        other = (*path, ("other", frozenset(props)))
-        self.visit(s.get("additionalProperties"), other, None if patterned else chain, refs)
+        patterns = (
+            s.get("patternProperties") if isinstance(s.get("patternProperties"), dict) else {}
+        )
+        read = all(ecma_regex(p) is not None for p in patterns)  # else never exact under them
+        for pattern, sub in patterns.items():
+            self.visit(sub, (*path, ("pattern", pattern)), chain if read else _opaque(chain), refs)
+        other = (*path, ("other", (frozenset(props), tuple(patterns))))
+        self.visit(s.get("additionalProperties"), other, chain if read else _opaque(chain), refs)
         prefix, items = _list_of(s, "prefixItems"), s.get("items")
         if isinstance(items, list):  # drafts 4-7: a tuple, then additionalItems
             prefix = items
@@ -134,7 +153,7 @@ class _Walk(SchemaLogic):
             subs = value.values() if key in _OPAQUE_MAPS and isinstance(value, dict) else [value]
             if key in _OPAQUE or key in _OPAQUE_MAPS:
                 for sub in subs:
-                    self.visit(sub, path, None, refs)
+                    self.visit(sub, path, _opaque(chain), refs)
 
     def recursive_nodes(self) -> set[int]:
         """The ids of every subschema under a recursive $ref's target (following $refs and
@@ -157,11 +176,37 @@ class _Walk(SchemaLogic):
         needs there (an object before a key, an array before an index, `kind` at the end)."""
         if chain is None:
             return False
-        for _, types, taken, depth in chain:
+        for where, types, taken, depth in chain:
             need = _needed(path, depth, kind)
-            if any(need in t for j, t in enumerate(types) if j != taken):
+            others = [j for j, t in enumerate(types) if j != taken and need in t]
+            branches = self.branches[where]
+            if any(kind in self.types_at(branches[j], path[depth:], 0) for j in others):
                 return False
         return True
+
+    def types_at(self, s: Any, steps: tuple[Step, ...], depth: int) -> frozenset[str]:
+        """The JSON types the value at `steps` inside an instance of `s` may have (a
+        superset; none where `s` admits no such value)."""
+        if not steps:
+            return self.types(s, 0)
+        if s is False:
+            return frozenset()
+        if not isinstance(s, dict) or depth > MAX_HOPS:
+            return JSON_TYPES
+        kind, arg = steps[0]
+        if _needed(steps, 0, "") not in self.types(s, 0):
+            return frozenset()
+        out = JSON_TYPES
+        if isinstance(s.get("$ref"), str):
+            out &= self.types_at(pointer(self.root, s["$ref"]), steps, depth + 1)
+        for member in _list_of(s, "allOf"):
+            out &= self.types_at(member, steps, depth + 1)
+        for key in ("anyOf", "oneOf"):
+            if branches := _list_of(s, key):
+                out &= frozenset().union(*(self.types_at(b, steps, depth + 1) for b in branches))
+        for sub in _subschemas_at(s, kind, arg):
+            out &= self.types_at(sub, steps[1:], depth + 1)
+        return out
 
     def covered(self, path: tuple[Step, ...], chains: list[Any], kind: str) -> set[Any]:
         """The chains a subschema is reached by at `path`, and each one less a disjunction
@@ -197,7 +242,37 @@ def _needed(path: tuple[Step, ...], depth: int, kind: str) -> str:
 _OPAQUE = frozenset(
     "not if then else contains propertyNames unevaluatedItems unevaluatedProperties".split()
 )
-_OPAQUE_MAPS = frozenset({"patternProperties", "dependencies", "dependentSchemas"})
+_OPAQUE_MAPS = frozenset({"dependencies", "dependentSchemas"})
+
+
+def _opaque(chain: Any) -> Any:
+    """The chain under a keyword where a subschema is never exact (`not`, `if`, ...)."""
+    return FREE if chain is FREE else None
+
+
+def _asserts_nothing(s: Any) -> bool:
+    return s is True or isinstance(s, dict) and not any(k in ASSERTIONS for k in s)
+
+
+def _subschemas_at(s: dict[str, Any], kind: str, arg: Any) -> list[Any]:
+    """The subschemas of `s` that the value one step (`kind`, `arg`) inside applies (those
+    that a step standing for many keys or indices may pass under: none)."""
+    if kind == "key":
+        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        patterns = s.get("patternProperties")
+        patterns = patterns if isinstance(patterns, dict) else {}
+        if any(ecma_regex(p) is None for p in patterns):
+            return []
+        out = [sub for p, sub in patterns.items() if _searches(p, arg)]
+        if arg in props:
+            return [props[arg], *out]
+        return out or [s.get("additionalProperties", True)]
+    if kind in ("index", "item"):
+        prefix = _list_of(s, "prefixItems") or _list_of(s, "items")
+        if arg < len(prefix):
+            return [prefix[arg]] if kind == "index" else []
+        return [s.get("additionalItems" if isinstance(s.get("items"), list) else "items", True)]
+    return []
 
 
 def _list_of(s: dict[str, Any], key: str) -> list[Any]:
@@ -211,13 +286,23 @@ def matches(pattern: tuple[Step, ...], path: list[Any]) -> bool:
         is_key = isinstance(at, str)
         if kind == "key" and not (is_key and at == arg):
             return False
-        if kind == "other" and not (is_key and at not in arg):
+        if kind == "pattern" and not (is_key and _searches(arg, at)):
+            return False
+        if kind == "other" and not (
+            is_key and at not in arg[0] and not any(_searches(p, at) for p in arg[1])
+        ):
             return False
         if kind == "index" and not (not is_key and at == arg):
             return False
         if kind == "item" and not (not is_key and at >= arg):
             return False
     return True
+
+
+def _searches(pattern: str, key: str) -> bool:
+    """The key matches the `patternProperties` pattern (read as ECMA-262 reads it)."""
+    compiled = ecma_regex(pattern)
+    return compiled is not None and compiled.search(key) is not None
 
 
 def canonical(value: Any) -> Any:

@@ -151,10 +151,14 @@ def test_a_definition_every_branch_reaches_applies_whichever_branch_holds() -> N
     assert not c.accepts('{"artifacts":[{"context":"."}]}')  # the required key still holds
     assert not c.accepts('{"artifacts":[{"context":".","docker":"d","image":"a"}]}')
     # reached through one branch only, it holds only where that branch does: not moved
-    one = {"anyOf": [schema["anyOf"][0], {"properties": {"artifacts": INT}}]}
+    one = {"anyOf": [schema["anyOf"][0], {"properties": {"artifacts": {"type": "array"}}}]}
     one["definitions"] = schema["definitions"]
     reordered = any_order(one)
     assert reordered is None or not reordered[1].at(["artifacts", 0]).required
+    # unless the other branch's value there cannot be an array: then that one branch holds
+    only = {"anyOf": [schema["anyOf"][0], {"properties": {"artifacts": INT}}]}
+    only["definitions"] = schema["definitions"]
+    assert any_order(only)[1].at(["artifacts", 0]).required == {"image"}
     # nor where it is also reached under a `not`
     negated = {**schema, "not": {"properties": {"artifacts": artifacts}}}
     reordered = any_order(negated)
@@ -190,6 +194,28 @@ def test_a_conjunct_keeping_its_required_keeps_the_others_in_schema_order() -> N
     c = _constraint(schema)
     assert c.accepts('{"item":{"id":"a","name":"b","kind":"plate"}}')
     assert not c.accepts('{"item":{"name":"b","kind":"plate"}}')
+
+
+def test_a_condition_on_a_required_key_leaves_the_keys_in_any_order() -> None:
+    """`if` / `then` on a key the object requires: the rewrite's "not if" branch says that key
+    is there again; the object already requires it, so that `required` is left out and no
+    conjunct keeps the schema's order (an app config whose type picks its options)."""
+    schema = {
+        "type": "object",
+        "properties": {"type": STR, "build": STR},
+        "required": ["type"],
+        "allOf": [
+            {
+                "if": {"properties": {"type": {"const": "static"}}},
+                "then": {"properties": {"routing": STR, "build": STR}},
+            }
+        ],
+    }
+    c = _constraint(schema)
+    assert c.accepts('{"routing":"r","build":"b","type":"static"}')
+    assert c.accepts('{"build":"b","type":"other","routing":1}')
+    assert not c.accepts('{"routing":1,"type":"static"}')  # then holds
+    assert not c.accepts('{"routing":"r","build":"b"}')  # type is required
 
 
 def test_names_are_matched_exactly() -> None:

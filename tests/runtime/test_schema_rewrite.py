@@ -235,6 +235,11 @@ EXACT = [
         },
         [{"head": {"next": {}}}, {"head": {"next": 1}}, {"hx": {"next": {"next": {}}}}, {"x": 1}],
     ),
+    # a pattern matching every key beside another: additionalProperties, and within the other
+    (
+        {"type": "object", "patternProperties": {".*": STR, "^a": {"maxLength": 2}}},
+        [{"ab": "x"}, {"ab": "xyz"}, {"b": "xyz"}, {"b": 1}, {"ab": 1}],
+    ),
     # then / else without if assert nothing
     ({"type": "object", "then": {"required": ["a"]}, "else": False}, [{}, {"a": 1}, 3]),
     # a recursive $ref that llguidance would intersect with its siblings: its target instead
@@ -305,9 +310,9 @@ STILL_REFUSED = [
     ({"properties": {"n": {"oneOf": [INT, {"type": "number"}]}}}, "oneOf", "#/properties/n"),
     ({"if": {"type": "integer"}, "then": {"minimum": 1}}, "if", "#"),
     (
-        {"patternProperties": {"^t": {"type": "array", "uniqueItems": True}}},
+        {"patternProperties": {"\\p{L}": {"type": "array", "uniqueItems": True}}},
         "uniqueItems",
-        "#/patternProperties/^t",
+        "#/patternProperties/\\p{L}",
     ),
     # exact, but past the growth bound: 10 branches of 3 required keys
     (

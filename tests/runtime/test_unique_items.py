@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import stemma
 from stemma.runtime.constrained.json_scanner import JsonScanner
+from stemma.runtime.constrained.schema_logic import ecma_regex
 from stemma.runtime.constrained.unique_items import canonical, unique_arrays
 
 INT, STR = {"type": "integer"}, {"type": "string"}
@@ -74,8 +75,8 @@ STILL_REFUSED = [
         {"anyOf": [{"type": "array", "uniqueItems": True}, {"type": "array", "maxItems": 3}]},
         "uniqueItems",
     ),
-    # under patternProperties: which keys it covers is a regex
-    ({"type": "object", "patternProperties": {"^x": TAGS}}, "uniqueItems"),
+    # under a pattern Python's `re` cannot read as ECMA-262 does: which keys it covers is unknown
+    ({"type": "object", "patternProperties": {"(?<=x)y": TAGS}}, "uniqueItems"),
     # recursive
     (
         {
@@ -91,6 +92,59 @@ STILL_REFUSED = [
 def test_what_cannot_be_enforced_exactly_is_refused_by_name(schema: Any, keyword: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"keyword '{keyword}'")):
         stemma.Constraint(json_schema=schema, backend="llguidance")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "key", "found"),
+    [
+        ("^a$", "a", True),
+        ("^a$", "a\n", False),  # ECMA's $ is only the end
+        ("a.b", "a\rb", False),  # and its . stops at \r
+        ("a.b", "a\u2028b", False),
+        ("\\s", "\u00a0", True),  # its \s has the Unicode spaces
+        ("\\d", "\u0663", False),  # its \d only ASCII digits
+        ("^[a-z]+\\d?$", "ab1", True),
+        ("\\u0041", "A", True),
+    ],
+)
+def test_patterns_are_read_as_ecma_262_reads_them(pattern: str, key: str, found: bool) -> None:
+    assert (ecma_regex(pattern).search(key) is not None) == found
+
+
+@pytest.mark.parametrize(
+    "pattern", ["(?<=a)b", "(?<n>a)", "(a)\\1", "\\p{L}", "[^]", "\\Z", "[\\S]"]
+)
+def test_patterns_read_otherwise_are_not_read(pattern: str) -> None:
+    assert ecma_regex(pattern) is None
+
+
+def test_patterns_and_branches_that_cannot_hold_there_keep_it_exact() -> None:
+    """Under `patternProperties` the keyword applies to the keys the pattern matches (as
+    ECMA-262 reads it: `$` only at the end); beside them, `additionalProperties` to the keys
+    neither listed nor matched. A branch whose value at the array's place cannot be an array
+    leaves the other branch the only one that holds there; an `anyOf` with a branch that
+    asserts nothing holds for every instance, so what is under it needs no enforcing."""
+    schema = {
+        "type": "object",
+        "properties": {"a": INT},
+        "patternProperties": {"^x.$": TAGS},
+        "additionalProperties": {
+            "anyOf": [
+                {"type": "object", "properties": {"codes": TAGS}},
+                {"type": "object", "properties": {"codes": INT}},
+            ]
+        },
+    }
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    assert c.accepts('{"xa":["p","q"],"k":{"codes":["p","q"]}}')
+    assert not c.accepts('{"xa":["p","p"]}')
+    assert not c.accepts('{"k":{"codes":["p","p"]}}')
+    assert c.accepts('{"k":{"codes":3}}')
+    assert c.accepts('{"xab":{"codes":["p","r"]}}')  # not matched by ^x.$: an other key
+    assert not c.accepts('{"xab":{"codes":["p","p"]}}')
+    anything = {"anyOf": [{"properties": {"k": TAGS}}, {"description": "anything"}]}
+    c = stemma.Constraint(json_schema=anything, backend="llguidance")
+    assert c.accepts('{"k":["p","p"]}')
 
 
 def test_a_recursive_schema_keeps_the_arrays_outside_its_recursion_exact() -> None:
