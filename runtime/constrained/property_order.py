@@ -7,11 +7,11 @@ and, where the object's keywords apply at fixed instance paths (`KeyRule`), no c
 while a `required` key is missing, min/maxProperties counted as before.
 
 A `required` moves beside the grammar only where it applies to every object at some instance
-path (the walk of unique_items.py: through `properties`, `additionalProperties`, `items`,
-`allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that is the only one admitting objects,
-or through every branch that admits them: the same definition under each). Elsewhere (under
-`not`, `if`, a `patternProperties` or an ambiguous branch, or under the target of a recursive
-`$ref`) it stays
+path (the walk of unique_items.py: through `properties`, `patternProperties`,
+`additionalProperties`, `items`, `allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that
+is the only one whose value there can be an object, or through every branch that admits
+them: the same definition under each). Elsewhere (under `not`, `if`, a pattern not read as
+ECMA-262 reads it or an ambiguous branch, or under the target of a recursive `$ref`) it stays
 in the grammar, and so does the schema's order of that object's properties, and of those of
 every subschema joined with it (`allOf` / `anyOf` / `oneOf` members, `$ref` targets): llguidance
 emits an object's listed properties before its patterned ones, and required patterned keys
