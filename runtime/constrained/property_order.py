@@ -23,12 +23,13 @@ properties in the schema's order too.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ...lang.sampling_table import PROPERTY_ORDERS
-from .schema_logic import DATA_KEYWORDS, as_list, pointer
+from .schema_logic import ASSERTIONS, DATA_KEYWORDS, as_list, pointer
 from .unique_items import Step, exact_nodes, matches
 
 # Keywords whose values map names (not keywords) to subschemas.
@@ -89,7 +90,8 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
     rules = tuple(
         (path, _rule(node)) for node, paths in exact.values() for path in sorted(paths, key=repr)
     )
-    out = _copy(schema, frozenset(exact), _ordered(schema, frozenset(exact)))
+    ordered, alone = _ordered(schema, frozenset(exact))
+    out = _copy(schema, frozenset(exact), ordered, alone)
     return None if out == schema else (out, ObjectKeys(rules))
 
 
@@ -141,20 +143,26 @@ def _rule(s: dict[str, Any]) -> KeyRule:
 
 def _exact(name: str) -> str:
     """A regex matching exactly the key `name`."""
-    return "^" + _META.sub(r"\\\1", name) + "$"
+    return "^" + _escaped(name) + "$"
+
+
+def _escaped(name: str) -> str:
+    return _META.sub(r"\\\1", name)
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _ordered(schema: Any, targets: frozenset[int]) -> frozenset[int]:
+def _ordered(schema: Any, targets: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
     """The subschemas that keep their listed properties in the schema's order because one
     that applies to the same objects keeps its `required` in the grammar: llguidance emits an
     object's listed properties before its patterned ones, so converting some of them would
     refuse the schema's own order too. Subschemas apply to the same objects when one is the
     other's `allOf` / `anyOf` / `oneOf` member or `$ref` target (a definition used in several
-    places joins them all: fewer objects in any order, never a valid order refused)."""
+    places joins them all: fewer objects in any order, never a valid order refused). Also
+    the subschemas joined with no other (`alone`): only their names may share a pattern, as
+    llguidance intersects joined objects pattern by pattern."""
     parent: dict[int, int] = {}
 
     def root(i: int) -> int:
@@ -184,7 +192,11 @@ def _ordered(schema: Any, targets: frozenset[int]) -> frozenset[int]:
             elif key not in DATA_KEYWORDS:
                 stack.append(value)
     keeping = {root(i) for i, node in nodes.items() if _has_required(node) and i not in targets}
-    return frozenset(i for i in nodes if root(i) in keeping)
+    sizes: dict[int, int] = {}
+    for i in nodes:
+        sizes[root(i)] = sizes.get(root(i), 0) + 1
+    ordered = frozenset(i for i in nodes if root(i) in keeping)
+    return ordered, frozenset(i for i in nodes if sizes[root(i)] == 1)
 
 
 def _has_required(s: dict[str, Any]) -> bool:
@@ -195,12 +207,18 @@ def _has_required(s: dict[str, Any]) -> bool:
     )
 
 
-def _copy(node: Any, targets: frozenset[int], ordered: frozenset[int] = frozenset()) -> Any:
+def _copy(
+    node: Any,
+    targets: frozenset[int],
+    ordered: frozenset[int] = frozenset(),
+    alone: frozenset[int] = frozenset(),
+) -> Any:
     """A copy of `node` with each object's properties as exact-name patterns (but in the
-    `ordered` subschemas) and each target object's `required` left to the rule beside the
-    grammar (min/maxProperties stay: llguidance counts keys whatever their patterns)."""
+    `ordered` subschemas; in the `alone` ones, names saying the same share one) and each
+    target object's `required` left to the rule beside the grammar (min/maxProperties stay:
+    llguidance counts keys whatever their patterns)."""
     if isinstance(node, list):
-        return [_copy(v, targets, ordered) for v in node]
+        return [_copy(v, targets, ordered, alone) for v in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
@@ -208,13 +226,43 @@ def _copy(node: Any, targets: frozenset[int], ordered: frozenset[int] = frozense
         if key in DATA_KEYWORDS:
             out[key] = value
         elif key in _NAME_MAPS and isinstance(value, dict):  # names to subschemas
-            out[key] = {name: _copy(sub, targets, ordered) for name, sub in value.items()}
+            out[key] = {name: _copy(sub, targets, ordered, alone) for name, sub in value.items()}
         else:
-            out[key] = _copy(value, targets, ordered)
+            out[key] = _copy(value, targets, ordered, alone)
     if id(node) in targets:
         out.pop("required", None)
     if _convertible(node) and "required" not in out and id(node) not in ordered:
         props = out.pop("properties")
-        exact = {_exact(name): v for name, v in props.items()}
-        out["patternProperties"] = {**exact, **out.get("patternProperties", {})}
+        names = (
+            _name_patterns(props) if id(node) in alone else {_exact(n): v for n, v in props.items()}
+        )
+        out["patternProperties"] = {**names, **out.get("patternProperties", {})}
     return out
+
+
+def _name_patterns(props: dict[str, Any]) -> dict[str, Any]:
+    """The listed properties as exact-name patterns, names whose subschemas assert the same
+    sharing one (`^(?:a|b)$`): llguidance checks every two patterns of an object for
+    overlap, a cost that grows with the square of their number."""
+    groups: dict[str, list[str]] = {}
+    firsts: dict[str, Any] = {}
+    for name, sub in props.items():
+        said = _asserted(sub)
+        groups.setdefault(said, []).append(name)
+        firsts.setdefault(said, sub)
+    out = {}
+    for said, names in groups.items():
+        body = (
+            _exact(names[0])
+            if len(names) == 1
+            else "^(?:" + "|".join(_escaped(n) for n in names) + ")$"
+        )
+        out[body] = firsts[said]
+    return out
+
+
+def _asserted(s: Any) -> str:
+    """What a subschema asserts, as comparable text (its own annotations left out)."""
+    if isinstance(s, dict):
+        s = {k: v for k, v in s.items() if k in ASSERTIONS}
+    return json.dumps(s, sort_keys=True)

@@ -219,11 +219,28 @@ def test_a_condition_on_a_required_key_leaves_the_keys_in_any_order() -> None:
 
 
 def test_names_are_matched_exactly() -> None:
-    schema = {"type": "object", "properties": {"a.b": INT, "c": INT}, "additionalProperties": False}
+    schema = {"type": "object", "properties": {"a.b": INT, "c": STR}, "additionalProperties": False}
     out, _ = any_order(schema)
     assert set(out["patternProperties"]) == {"^a\\.b$", "^c$"}
     c = _constraint(schema)
-    assert c.accepts('{"c":1,"a.b":2}') and not c.accepts('{"axb":2}')
+    assert c.accepts('{"c":"x","a.b":2}') and not c.accepts('{"axb":2}')
+
+
+def test_names_saying_the_same_share_one_pattern() -> None:
+    """Fewer patterns, which llguidance checks pairwise for overlap; annotations aside."""
+    described = {**INT, "description": "a count"}
+    schema = {
+        "type": "object",
+        "properties": {"a.b": INT, "c": STR, "d": described, "e": {**STR, "minLength": 2}},
+        "required": ["d"],
+    }
+    out, keys = any_order(schema)
+    assert set(out["patternProperties"]) == {"^(?:a\\.b|d)$", "^c$", "^e$"}
+    assert keys.at([]).required == {"d"}
+    c = _constraint(schema)
+    assert c.accepts('{"e":"xy","d":1,"c":"x","a.b":2,"z":null}')
+    assert not c.accepts('{"d":"x"}') and not c.accepts('{"d":1,"e":"x"}')
+    assert not c.accepts('{"a.b":1}') and not c.accepts('{"d":1,"d":2}')
 
 
 def test_own_patterns_apart_from_the_names_leave_the_keys_in_any_order() -> None:
