@@ -33,6 +33,11 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator"
 _NAMED_SUBSCHEMAS = frozenset(
     "properties patternProperties $defs definitions dependentSchemas".split()
 )
+# Keywords llguidance refuses in some or all of their forms (an object key in the JSON text).
+_MAY_REFUSE = re.compile(
+    r'"(not|if|then|else|oneOf|dependencies|dependentRequired|dependentSchemas|uniqueItems|'
+    r'propertyNames|contains|unevaluatedProperties|unevaluatedItems)":'
+)
 ORDER_KEPT = (
     "property_order 'any' not applied: llguidance refused the schema with its properties in "
     "any order, so they keep the schema's order"
@@ -80,15 +85,27 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     def grammar(schema: Any) -> str:
         return LLMatcher.grammar_from_json_schema(combinators_first(schema), overrides=options)
 
+    def refused(schema: Any) -> bool:
+        """llguidance refuses `schema` in the schema's order, where a keyword it may refuse
+        is in it (checked without the vocabulary): then it refuses it reordered too, and
+        finds that out only after the costlier work on the patterns."""
+        if not _MAY_REFUSE.search(json.dumps(schema)):
+            return False
+        return LLMatcher.validate_grammar_with_warnings(grammar(schema), None)[0]
+
     schema = json.loads(spec.json_schema)
     rewritten: Any = None
     kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
     if spec.property_order == "any":
-        if (reordered := any_order(schema)) is not None:
+        if not refused(schema) and (reordered := any_order(schema)) is not None:
             yield Candidate(grammar(reordered[0]), [], reordered[1])
             kept = [ORDER_KEPT]
         rewritten, notes = rewrite_schema(schema, known_format)
-        if rewritten != schema and (reordered := any_order(rewritten)) is not None:
+        if (
+            rewritten != schema
+            and not refused(rewritten)
+            and (reordered := any_order(rewritten)) is not None
+        ):
             yield Candidate(grammar(reordered[0]), notes, reordered[1])
             kept = [ORDER_KEPT]
     yield Candidate(grammar(schema), kept)

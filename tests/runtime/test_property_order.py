@@ -284,3 +284,17 @@ def test_bad_values_name_what_is_allowed() -> None:
         from stemma.runtime.sampling.params import SamplingParams
 
         SamplingParams(json_schema=json.dumps(AREA), property_order="sorted")
+
+
+def test_a_schema_refused_as_written_is_not_tried_reordered_as_written() -> None:
+    """Where llguidance refuses a keyword in the schema's order (checked without the
+    vocabulary), the reordered form as written is skipped: it would be refused too, after
+    the costlier work on its patterns. The first grammar tried is the rewritten one."""
+    from stemma.runtime.constrained.llguidance_grammar import grammar_texts
+
+    schema = {"type": "object", "properties": {"a": INT, "b": INT}, "not": {"required": ["a"]}}
+    spec = ConstraintSpec.create(json_schema=schema, property_order="any")
+    first = next(grammar_texts(spec))
+    assert first.keys is not None and '"not"' not in first.grammar
+    c = _constraint(schema)
+    assert c.accepts('{"b":1}') and not c.accepts('{"b":1,"a":2}')
