@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import stemma
+from stemma.runtime.constrained.llguidance_grammar import grammar_texts
 from stemma.runtime.constrained.property_order import any_order
 from stemma.runtime.constrained.spec import ConstraintSpec
 
@@ -290,8 +291,6 @@ def test_a_schema_refused_as_written_is_not_tried_reordered_as_written() -> None
     """Where llguidance refuses a keyword in the schema's order (checked without the
     vocabulary), the reordered form as written is skipped: it would be refused too, after
     the costlier work on its patterns. The first grammar tried is the rewritten one."""
-    from stemma.runtime.constrained.llguidance_grammar import grammar_texts
-
     schema = {"type": "object", "properties": {"a": INT, "b": INT}, "not": {"required": ["a"]}}
     spec = ConstraintSpec.create(json_schema=schema, property_order="any")
     first = next(grammar_texts(spec))
