@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .schema_logic import ASSERTIONS, DATA_KEYWORDS, JSON_TYPES, SchemaLogic, ecma_regex, pointer
 
@@ -61,6 +61,8 @@ def exact_nodes(
     through every branch of an `anyOf` / `oneOf` that an instance could take there (the same
     definition under each of them) applies whichever branch it takes; one reached only under
     an `anyOf` that admits every instance anyway is found with no paths (nothing to enforce)."""
+    if not isinstance(schema, dict):
+        return {}
     walk = _Walk(schema, wanted)
     walk.visit(schema, (), (), frozenset())
     if walk.cut:
@@ -82,6 +84,16 @@ def exact_nodes(
     return found
 
 
+class _Shape(NamedTuple):
+    """A subschema's keywords as a walk follows them."""
+
+    wanted: bool
+    ref: str | None
+    members: tuple[dict[str, Any], ...]  # allOf
+    disjunctions: tuple[tuple[list[Any], bool], ...]  # anyOf / oneOf, and "admits every one"
+    children: tuple[tuple[dict[str, Any], Step | None, bool], ...]  # (sub, step, opaque)
+
+
 class _Walk(SchemaLogic):
     """Every subschema `wanted` picks (by id()), with the instance paths it applies at and
     the disjunctions passed on the way (branch types, branch taken, path depth); a chain of
@@ -96,64 +108,78 @@ class _Walk(SchemaLogic):
         self.num_visits = 0
         self.recursive_refs: set[str] = set()  # $refs met again inside their own target
         self.branches: dict[int, list[Any]] = {}  # each anyOf / oneOf passed, by id()
+        self.branch_types: dict[int, tuple[frozenset[str], ...]] = {}  # by the list's id()
+        self.shapes: dict[int, _Shape] = {}
 
     def visit(self, s: Any, path: tuple[Step, ...], chain: Any, refs: frozenset[str]) -> None:
-        if not isinstance(s, dict):
-            return
         self.num_visits += 1
         if len(path) > MAX_DEPTH or self.num_visits > MAX_VISITS:
             self.cut = True
             return
-        if self.wanted(s):
+        shape = self.shapes.get(id(s)) or self.shape(s)
+        if shape.wanted:
             self.found.setdefault(id(s), []).append((path, chain))
             self.nodes[id(s)] = s
-        if isinstance(ref := s.get("$ref"), str):
-            if ref in refs:
-                self.recursive_refs.add(ref)
-            else:
-                self.visit(pointer(self.root, ref), path, chain, refs | {ref})
-        for member in _list_of(s, "allOf"):
+        if shape.ref is not None:
+            if shape.ref in refs:
+                self.recursive_refs.add(shape.ref)
+            elif isinstance(target := pointer(self.root, shape.ref), dict):
+                self.visit(target, path, chain, refs | {shape.ref})
+        for member in shape.members:
             self.visit(member, path, chain, refs)
-        for key in ("anyOf", "oneOf"):
-            branches = _list_of(s, key)
-            if chain is FREE or key == "anyOf" and any(_asserts_nothing(b) for b in branches):
+        for branches, admits_all in shape.disjunctions:
+            if chain is FREE or admits_all:
                 for b in branches:  # it admits every instance, whatever the others say
-                    self.visit(b, path, FREE, refs)
+                    if isinstance(b, dict):
+                        self.visit(b, path, FREE, refs)
                 continue
-            types = tuple(self.types(b, 0) for b in branches)
-            self.branches[id(branches)] = branches
+            if (types := self.branch_types.get(id(branches))) is None:
+                types = self.branch_types[id(branches)] = tuple(self.types(b, 0) for b in branches)
+                self.branches[id(branches)] = branches
             for i, b in enumerate(branches):
-                link = None if chain is None else (*chain, (id(branches), types, i, len(path)))
-                self.visit(b, path, link, refs)
-        self.children(s, path, chain, refs)
+                if isinstance(b, dict):
+                    link = None if chain is None else (*chain, (id(branches), types, i, len(path)))
+                    self.visit(b, path, link, refs)
+        for sub, step, opaque in shape.children:
+            inner = path if step is None else (*path, step)
+            self.visit(sub, inner, _opaque(chain) if opaque else chain, refs)
 
-    def children(
-        self, s: dict[str, Any], path: tuple[Step, ...], chain: Any, refs: frozenset[str]
-    ) -> None:
+    def shape(self, s: dict[str, Any]) -> _Shape:
+        """What a visit of `s` follows (kept by id(): a shared definition is visited once per
+        use, its keywords read once)."""
+        ref = s.get("$ref") if isinstance(s.get("$ref"), str) else None
+        members = tuple(m for m in _list_of(s, "allOf") if isinstance(m, dict))
+        disjunctions = []
+        for key in ("anyOf", "oneOf"):
+            if branches := _list_of(s, key):
+                admits_all = key == "anyOf" and any(_asserts_nothing(b) for b in branches)
+                disjunctions.append((branches, admits_all))
+        children: list[tuple[Any, Step | None, bool]] = []
         props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
-        for name, sub in props.items():
-            self.visit(sub, (*path, ("key", name)), chain, refs)
+        children += [(sub, ("key", name), False) for name, sub in props.items()]
         patterns = (
             s.get("patternProperties") if isinstance(s.get("patternProperties"), dict) else {}
         )
-        read = all(ecma_regex(p) is not None for p in patterns)  # else never exact under them
-        for pattern, sub in patterns.items():
-            self.visit(sub, (*path, ("pattern", pattern)), chain if read else _opaque(chain), refs)
-        other = (*path, ("other", (frozenset(props), tuple(patterns))))
-        self.visit(s.get("additionalProperties"), other, chain if read else _opaque(chain), refs)
+        unread = not all(ecma_regex(p) is not None for p in patterns)  # never exact under them
+        children += [(sub, ("pattern", p), unread) for p, sub in patterns.items()]
+        other = ("other", (frozenset(props), tuple(patterns)))
+        children.append((s.get("additionalProperties"), other, unread))
         prefix, items = _list_of(s, "prefixItems"), s.get("items")
         if isinstance(items, list):  # drafts 4-7: a tuple, then additionalItems
             prefix = items
-            self.visit(s.get("additionalItems"), (*path, ("item", len(items))), chain, refs)
+            children.append((s.get("additionalItems"), ("item", len(items)), False))
         else:
-            self.visit(items, (*path, ("item", len(prefix))), chain, refs)
-        for i, sub in enumerate(prefix):
-            self.visit(sub, (*path, ("index", i)), chain, refs)
+            children.append((items, ("item", len(prefix)), False))
+        children += [(sub, ("index", i), False) for i, sub in enumerate(prefix)]
         for key, value in s.items():  # everywhere else the keyword is never exact
-            subs = value.values() if key in _OPAQUE_MAPS and isinstance(value, dict) else [value]
-            if key in _OPAQUE or key in _OPAQUE_MAPS:
-                for sub in subs:
-                    self.visit(sub, path, _opaque(chain), refs)
+            if key in _OPAQUE:
+                children.append((value, None, True))
+            elif key in _OPAQUE_MAPS and isinstance(value, dict):
+                children += [(sub, None, True) for sub in value.values()]
+        kept = tuple((sub, step, opaque) for sub, step, opaque in children if isinstance(sub, dict))
+        shape = _Shape(self.wanted(s), ref, members, tuple(disjunctions), kept)
+        self.shapes[id(s)] = shape
+        return shape
 
     def recursive_nodes(self) -> set[int]:
         """The ids of every subschema under a recursive $ref's target (following $refs and
