@@ -43,11 +43,18 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any
 
 from .schema_finite import FiniteFolder, annotations
-from .schema_logic import ASSERTIONS, SchemaLogic, as_list, pointer, pointer_escape, type_set
+from .schema_logic import (
+    ASSERTIONS,
+    SchemaLogic,
+    as_list,
+    ecma_regex,
+    pointer,
+    pointer_escape,
+    type_set,
+)
 from .schema_refs import TooLarge, inline_cyclic_refs
 from .unique_items import UniqueArrays, unique_arrays
 
@@ -382,13 +389,12 @@ def _patterned_properties(s: dict[str, Any]) -> dict[str, Any]:
     """`s` without the listed properties that a `patternProperties` entry matching the name
     already says (the same assertions, or the name's schema asserts nothing): a key must
     pass both, and llguidance would intersect them, which it cannot where a recursive `$ref`
-    is under them. Patterns Python's `re` does not read are left alone."""
+    is under them. Patterns not read as ECMA-262 reads them (`ecma_regex`) are left alone."""
     props, patterns = s.get("properties"), s.get("patternProperties")
     if not (isinstance(props, dict) and isinstance(patterns, dict) and props and patterns):
         return s
-    try:
-        compiled = [(re.compile(p), _asserted(sub)) for p, sub in patterns.items()]
-    except (re.error, TypeError):
+    compiled = [(ecma_regex(p), _asserted(sub)) for p, sub in patterns.items()]
+    if any(pattern is None for pattern, _ in compiled):
         return s
     kept = {}
     for name, sub in props.items():
