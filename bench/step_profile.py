@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     forms = f"linears {plan.linear_form}, vocabulary {plan.vocab_form}"
     if plan.own_form:
         forms += f", the GGUF's own {plan.own_form} blocks for steps of <= {plan.own_rows} rows"
+    if plan.own_vocab_form:
+        forms += f", its {plan.own_vocab_form} vocabulary for <= {plan.own_vocab_rows} rows"
     print(f"{steps} decode steps, batch {args.batch}, dtype {dtype.name}, {forms}")
     print(f"step: {step_ms:.2f} ms median ({1e3 / step_ms * args.batch:.1f} tok/s)")
     print_table(rows, ["part", "median_ms", "share", "ops_per_step"])
