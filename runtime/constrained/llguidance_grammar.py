@@ -85,11 +85,11 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     def grammar(schema: Any) -> str:
         return LLMatcher.grammar_from_json_schema(combinators_first(schema), overrides=options)
 
-    def refused(schema: Any) -> bool:
-        """llguidance refuses `schema` in the schema's order, where a keyword it may refuse
-        is in it (checked without the vocabulary): then it refuses it reordered too, and
-        finds that out only after the costlier work on the patterns."""
-        if not _MAY_REFUSE.search(json.dumps(schema)):
+    def refused(schema: Any, text: str) -> bool:
+        """llguidance refuses `schema` (`text`: as JSON) in the schema's order, where a
+        keyword it may refuse is in it (checked without the vocabulary): then it refuses it
+        reordered too, and finds that out only after the costlier work on the patterns."""
+        if not _MAY_REFUSE.search(text):
             return False
         return LLMatcher.validate_grammar_with_warnings(grammar(schema), None)[0]
 
@@ -97,13 +97,13 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     rewritten: Any = None
     kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
     if spec.property_order == "any":
-        if not refused(schema) and (reordered := any_order(schema)) is not None:
+        if not refused(schema, spec.json_schema) and (reordered := any_order(schema)) is not None:
             yield Candidate(grammar(reordered[0]), [], reordered[1])
             kept = [ORDER_KEPT]
         rewritten, notes = rewrite_schema(schema, known_format)
         if (
             rewritten != schema
-            and not refused(rewritten)
+            and not refused(rewritten, json.dumps(rewritten))
             and (reordered := any_order(rewritten)) is not None
         ):
             yield Candidate(grammar(reordered[0]), notes, reordered[1])

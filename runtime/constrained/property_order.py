@@ -23,13 +23,12 @@ properties in the schema's order too.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ...lang.sampling_table import PROPERTY_ORDERS
-from .schema_logic import ASSERTIONS, DATA_KEYWORDS, as_list, pointer
+from .schema_logic import DATA_KEYWORDS, as_list, asserted, ecma_regex, pointer
 from .unique_items import Step, exact_nodes, matches
 
 # Keywords whose values map names (not keywords) to subschemas.
@@ -111,14 +110,13 @@ def _convertible(s: dict[str, Any]) -> bool:
 def _apart(patterns: Any, names: dict[str, Any]) -> bool:
     """No pattern of the object's own `patternProperties` matches a listed name (so their
     exact-name patterns do not overlap them, which llguidance refuses); False where a
-    pattern is not one Python's `re` reads."""
+    pattern is not read as ECMA-262 reads it (`ecma_regex`)."""
     if patterns is None:
         return True
     if not isinstance(patterns, dict):
         return False
-    try:
-        compiled = [re.compile(p) for p in patterns]
-    except (re.error, TypeError):
+    compiled = [ecma_regex(p) for p in patterns]
+    if None in compiled:
         return False
     return not any(p.search(name) for p in compiled for name in names)
 
@@ -247,7 +245,7 @@ def _name_patterns(props: dict[str, Any]) -> dict[str, Any]:
     groups: dict[str, list[str]] = {}
     firsts: dict[str, Any] = {}
     for name, sub in props.items():
-        said = _asserted(sub)
+        said = asserted(sub)
         groups.setdefault(said, []).append(name)
         firsts.setdefault(said, sub)
     out = {}
@@ -259,10 +257,3 @@ def _name_patterns(props: dict[str, Any]) -> dict[str, Any]:
         )
         out[body] = firsts[said]
     return out
-
-
-def _asserted(s: Any) -> str:
-    """What a subschema asserts, as comparable text (its own annotations left out)."""
-    if isinstance(s, dict):
-        s = {k: v for k, v in s.items() if k in ASSERTIONS}
-    return json.dumps(s, sort_keys=True)

@@ -9,6 +9,7 @@ assertion vocabulary are annotations and never fail an instance.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from typing import Any
@@ -284,6 +285,20 @@ def as_list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else [v] if v is not None else []
 
 
+def without(s: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """`s` less `keys`."""
+    return {k: v for k, v in s.items() if k not in keys}
+
+
+def asserted(s: Any) -> str:
+    """What `s` asserts, as comparable text (annotations left out; true and {} alike)."""
+    if s is True or not isinstance(s, dict):
+        s = {} if s is True else s
+    else:
+        s = {k: v for k, v in s.items() if k in ASSERTIONS}
+    return json.dumps(s, sort_keys=True)
+
+
 def pointer_escape(name: str) -> str:
     """A property name as one JSON-pointer segment (RFC 6901: ~ as ~0, / as ~1)."""
     return str(name).replace("~", "~0").replace("/", "~1")
@@ -321,8 +336,6 @@ _ECMA_ESCAPES = {
     ".": "[^\\n\\r\\u2028\\u2029]",  # ECMA's . stops at every line terminator
     "$": "\\Z",  # and its $ only at the end (Python's also before a final newline)
 }
-
-
 _SAME_ESCAPES = frozenset("dDwWsSbBtnvfr0xu")  # letters both read alike (re.ASCII)
 
 

@@ -19,16 +19,9 @@ left in place and the backend refuses it by name):
   beside the grammar (unique_items.py);
 - a subschema whose instances come from a listed set (`enum` / `const`, its own or an `allOf`
   member's) next to any of the above: the listed values that pass it (schema_finite.py);
-- a `type` beside `$ref` / `anyOf` / `oneOf` / `allOf` that they already imply, and a listed
-  property that a matching `patternProperties` entry already says (llguidance would intersect
-  them, which it cannot around a recursive `$ref`);
-- a `patternProperties` entry that matches every key, beside others (llguidance refuses
-  overlapping patterns): `additionalProperties`, and a conjunct of each other entry and each
-  listed property;
-- a `required` name inside a subschema that applies to the same instance as one already
-  requiring it (`allOf` / `anyOf` / `oneOf` / `not` / `if` / `then` / `else`, as written or
-  made by the rewrites above): left out, so that under property_order "any" no conjunct keeps
-  the schema's order for it;
+- what a subschema says twice (schema_redundant.py): a `type` its combinators imply, a
+  pattern matching every key beside others, a listed property a matching pattern already
+  says, a `required` name the enclosing schema already requires;
 - `minProperties` / `maxProperties` that the required and the closed properties already imply,
   and "at least one" / "at most one" property said by naming which one is there;
 - `format` values llguidance does not know: JSON Schema makes an unknown format an annotation,
@@ -46,14 +39,12 @@ import json
 from typing import Any
 
 from .schema_finite import FiniteFolder, annotations
-from .schema_logic import (
-    ASSERTIONS,
-    SchemaLogic,
-    as_list,
-    ecma_regex,
-    pointer,
-    pointer_escape,
-    type_set,
+from .schema_logic import ASSERTIONS, SchemaLogic, as_list, pointer, pointer_escape, without
+from .schema_redundant import (
+    every_key_pattern,
+    implied_type,
+    patterned_properties,
+    without_required,
 )
 from .schema_refs import TooLarge, inline_cyclic_refs
 from .unique_items import UniqueArrays, unique_arrays
@@ -65,7 +56,6 @@ _ONE = frozenset(
 )
 _MANY = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _MAP = frozenset("properties patternProperties $defs definitions dependentSchemas".split())
-_COMBINED = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
 MAX_GROWTH = 16  # a rewritten schema may be at most this many times the original's size
 # What a propertyNames schema may assert and still be said by the keys' own keywords.
 _NAME_KEYWORDS = frozenset({"type", "pattern", "minLength", "maxLength", "enum", "const"})
@@ -124,8 +114,7 @@ class _Rewriter(SchemaLogic):
                 }
             else:
                 out[key] = value
-        own = self.own(out, path)
-        return _without_required(own, frozenset(_strings(own.get("required"))), top=True)
+        return without_required(self.own(out, path))
 
     def own(self, s: dict[str, Any], path: str) -> dict[str, Any]:
         if _FOLDED_BESIDE & set(s) and (folded := self.fold(s, path)) is not None:
@@ -137,24 +126,24 @@ class _Rewriter(SchemaLogic):
                 f"format {fmt!r} at {path} is not one the backend checks; as JSON Schema "
                 "specifies for an unknown format, it is an annotation only"
             )
-            s = _without(s, "format")
+            s = without(s, "format")
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
             if isinstance(s.get(key), dict):
                 extra += [_dependency(k, d) for k, d in s[key].items()]
-                s = _without(s, key)
+                s = without(s, key)
         if "not" in s and (negated := self.negate(s["not"], 0)) is not None:
             extra.append(negated)
-            s = _without(s, "not")
+            s = without(s, "not")
         if "if" not in s and ("then" in s or "else" in s):
-            s = _without(s, "then", "else")
+            s = without(s, "then", "else")
         if "propertyNames" in s and (names := self.property_names(s["propertyNames"])) is not None:
             extra += names
-            s = _without(s, "propertyNames")
+            s = without(s, "propertyNames")
         if "if" in s and (conditional := self.conditional(s)) is not None:
             extra.append(conditional)
-            s = _without(s, "if", "then", "else")
+            s = without(s, "if", "then", "else")
         if isinstance(s.get("oneOf"), list) and (exclusive := self.one_of(s["oneOf"])) is not None:
-            s = _without(s, "oneOf")
+            s = without(s, "oneOf")
             if "anyOf" in exclusive and "anyOf" not in s:
                 s = {**s, "anyOf": exclusive["anyOf"]}  # in place: no allOf around recursive refs
             else:
@@ -166,27 +155,16 @@ class _Rewriter(SchemaLogic):
                 or id(pointer(self.root, path)) in self.unique().node_ids
             )
         ):
-            s = _without(s, "uniqueItems")
+            s = without(s, "uniqueItems")
         s, at_least_one = _property_counts(s)
         if at_least_one is not None:
             extra.append(at_least_one)
-        s = self.implied_type(s)
-        s = _patterned_properties(_every_key_pattern(s))
+        s = patterned_properties(every_key_pattern(implied_type(self, s)))
         if "$ref" in s and any(k in ASSERTIONS and k != "$ref" for k in s):
             # the same conjunction, which llguidance also takes when the $ref is recursive
             extra.insert(0, {"$ref": s["$ref"]})
-            s = _without(s, "$ref")
+            s = without(s, "$ref")
         return _conjoin(s, extra)
-
-    def implied_type(self, s: dict[str, Any]) -> dict[str, Any]:
-        """`s` without a `type` that its `$ref` / `anyOf` / `oneOf` / `allOf` already imply
-        (every instance they admit has one of its types): llguidance would intersect the
-        two, which it cannot where a `$ref` under them is recursive."""
-        kinds = as_list(s.get("type"))
-        if not kinds or not _COMBINED & set(s) or "integer" in kinds and "number" not in kinds:
-            return s
-        rest = _without(s, "type")
-        return rest if self.types(rest, 0) <= type_set(kinds) else s
 
     def unique(self) -> UniqueArrays:
         """Where the document's uniqueItems is enforced beside the grammar (one walk)."""
@@ -245,7 +223,7 @@ class _Rewriter(SchemaLogic):
         def negated(j: int, opened: bool) -> Any:
             """Branch j's complement; `opened`: of all but its `additionalProperties: false`."""
             return self.negate(
-                _without(resolved[j], "additionalProperties") if opened else branches[j], 0
+                without(resolved[j], "additionalProperties") if opened else branches[j], 0
             )
 
         def outside(j: int, i: int) -> Any:
@@ -304,9 +282,9 @@ def _property_counts(s: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     low, high = _int(s.get("minProperties"), -1), _int(s.get("maxProperties"), -1)
     closed = s.get("additionalProperties") is False and "patternProperties" not in s
     if 0 <= low <= len(required):
-        s, low = _without(s, "minProperties"), -1
+        s, low = without(s, "minProperties"), -1
     if high >= 0 and closed and len(props) <= high:
-        s, high = _without(s, "maxProperties"), -1
+        s, high = without(s, "maxProperties"), -1
     if not props or required >= set(props) or (low < 0 and high < 0):
         return s, None
     none_named = {"properties": {k: False for k in props}, "minProperties": 1}
@@ -320,7 +298,7 @@ def _property_counts(s: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         branches += [{**none_named, "minProperties": 0, "maxProperties": 0}] if low <= 0 else []
     else:
         return s, None
-    return _without(s, "minProperties", "maxProperties"), {"anyOf": branches}
+    return without(s, "minProperties", "maxProperties"), {"anyOf": branches}
 
 
 def _dependency(key: str, dependency: Any) -> Any:
@@ -331,89 +309,3 @@ def _dependency(key: str, dependency: Any) -> Any:
 
 def _int(v: Any, default: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
-
-
-# Where a subschema applies to the same instance as the one holding it.
-_SAME_INSTANCE = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else"})
-
-
-def _without_required(s: Any, names: frozenset[str], top: bool = False) -> Any:
-    """`s` with `names` left out of the `required` of the subschemas written inside it that
-    apply to the same instance (`allOf`, `anyOf`, `oneOf`, `not`, `if`, `then`, `else`), the
-    names `s` itself requires: an instance without one fails `s` whatever they say, and
-    llguidance keeps the schema's order of an object whose `required` stays in its grammar."""
-    if not names or not isinstance(s, dict):
-        return s
-    out = dict(s)
-    if not top and "required" in s:
-        kept = [k for k in as_list(s["required"]) if k not in names]
-        out = {**_without(out, "required"), **({"required": kept} if kept else {})}
-    for key in _SAME_INSTANCE & set(s):
-        value = s[key]
-        if isinstance(value, list):
-            out[key] = [_without_required(v, names) for v in value]
-        else:
-            out[key] = _without_required(value, names)
-    return out if out != s else s
-
-
-def _strings(value: Any) -> list[str]:
-    return [v for v in as_list(value) if isinstance(v, str)] if isinstance(value, list) else []
-
-
-_EVERY_KEY = frozenset({"", ".*", "^.*", ".*$"})  # patterns that match every key
-
-
-def _every_key_pattern(s: dict[str, Any]) -> dict[str, Any]:
-    """`s` with a `patternProperties` entry that matches every key, beside others, said as
-    `additionalProperties` and within each of the others and each listed property (a key
-    passes every pattern it matches; llguidance refuses patterns that overlap)."""
-    patterns = s.get("patternProperties")
-    if not isinstance(patterns, dict) or len(patterns) < 2 or "unevaluatedProperties" in s:
-        return s
-    every = next((p for p in patterns if p in _EVERY_KEY), None)
-    if every is None:
-        return s
-    common = patterns[every]
-
-    def both(sub: Any) -> Any:
-        return sub if _asserted(common) == _asserted(True) else {"allOf": [common, sub]}
-
-    out = {**s, "patternProperties": {p: both(v) for p, v in patterns.items() if p != every}}
-    if isinstance(s.get("properties"), dict):
-        out["properties"] = {k: both(v) for k, v in s["properties"].items()}
-    return {**out, "additionalProperties": common}
-
-
-def _patterned_properties(s: dict[str, Any]) -> dict[str, Any]:
-    """`s` without the listed properties that a `patternProperties` entry matching the name
-    already says (the same assertions, or the name's schema asserts nothing): a key must
-    pass both, and llguidance would intersect them, which it cannot where a recursive `$ref`
-    is under them. Patterns not read as ECMA-262 reads them (`ecma_regex`) are left alone."""
-    props, patterns = s.get("properties"), s.get("patternProperties")
-    if not (isinstance(props, dict) and isinstance(patterns, dict) and props and patterns):
-        return s
-    compiled = [(ecma_regex(p), _asserted(sub)) for p, sub in patterns.items()]
-    if any(pattern is None for pattern, _ in compiled):
-        return s
-    kept = {}
-    for name, sub in props.items():
-        said = [text for pattern, text in compiled if pattern.search(name)]
-        if not said or _asserted(sub) not in [*said, _asserted(True)]:
-            kept[name] = sub
-    if len(kept) == len(props):
-        return s
-    return {**s, "properties": kept} if kept else _without(s, "properties")
-
-
-def _asserted(s: Any) -> str:
-    """What `s` asserts, as comparable text (annotations left out; true and {} alike)."""
-    if s is True or not isinstance(s, dict):
-        s = {} if s is True else s
-    else:
-        s = {k: v for k, v in s.items() if k in ASSERTIONS}
-    return json.dumps(s, sort_keys=True)
-
-
-def _without(s: dict[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: v for k, v in s.items() if k not in keys}
