@@ -8,7 +8,12 @@ last letter, a number at the byte after it; `feed` fails at the byte that comple
 key fails at its closing quote when it repeats one or leaves no room under maxProperties for the
 required keys still missing, and at any byte after which no allowed key can begin with it (a
 closed object's names); the closing brace fails while a required key is missing or minProperties
-is not reached. A `trial_copy` records its items apart, so trying a token changes nothing.
+is not reached. A rule that holds only where a discriminator's value chooses its branch
+(`ObjectKeys.conditional`) is checked at the closing brace where the value is known by then;
+where it is not (the value comes after the inner object), the broken rule waits on the outer
+object, and the value's last byte fails if it is one that chooses the rule, as does that
+object's closing brace if the key never came (every instance there has it). A `trial_copy`
+records its items apart, so trying a token changes nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import json
 from typing import Any
 
 from .property_order import KeyRule, ObjectKeys
-from .unique_items import UniqueArrays, canonical
+from .unique_items import Condition, UniqueArrays, canonical
 
 _LITERALS = (b"true", b"false", b"null")
 _NUMBER = frozenset(b"0123456789.eE+-")
@@ -39,10 +44,22 @@ class _Frame:
         "rule",
         "keys",
         "key_texts",
+        "checks",
+        "watch",
+        "values",
+        "pending",
     )
 
-    def __init__(self, is_array: bool, unique: bool, rule: KeyRule | None = None) -> None:
+    def __init__(
+        self,
+        is_array: bool,
+        unique: bool,
+        rule: KeyRule | None = None,
+        checks: tuple[Any, ...] = (),
+        watch: frozenset[str] = frozenset(),
+    ) -> None:
         self.is_array, self.unique, self.rule = is_array, unique, rule
+        self.checks, self.watch = checks, watch  # conditional rules; the keys they read
         self.at: Any = 0 if is_array else None  # current index or key
         self.seen: set[Any] = set()  # canonical items taken
         self.texts: list[bytes] = []  # and as written
@@ -51,12 +68,17 @@ class _Frame:
         # an object's keys so far, and as written; replaced, never changed, so copies share them
         self.keys: frozenset[str] = frozenset()
         self.key_texts: tuple[bytes, ...] = ()
+        self.values: dict[str, Any] = {}  # watched keys' values (canonical), replaced too
+        # conditional rules broken by an inner object, each waiting on the conditions still
+        # unknown (the deepest of them on this object's keys)
+        self.pending: tuple[tuple[Condition, ...], ...] = ()
 
     def copy(self) -> _Frame:
-        f = _Frame(self.is_array, self.unique, self.rule)
+        f = _Frame(self.is_array, self.unique, self.rule, self.checks, self.watch)
         f.at, f.seen, f.texts = self.at, self.seen, self.texts
         f.item_start, f.in_item = self.item_start, self.in_item
         f.keys, f.key_texts = self.keys, self.key_texts
+        f.values, f.pending = self.values, self.pending
         return f
 
     def has_room(self, name: str | None) -> bool:
@@ -193,12 +215,20 @@ class JsonScanner:
             if byte == 0x5D:  # ] of an empty array
                 return self._close()
             self.stack[-1].item_start, self.stack[-1].in_item = len(self.text) - 1, True
+        elif self.stack and self.stack[-1].at in self.stack[-1].watch:
+            self.stack[-1].item_start = len(self.text) - 1
         if byte in (0x7B, 0x5B):  # { or [
             is_array = byte == 0x5B
             path = [f.at for f in self.stack]
             unique = is_array and self.arrays.applies(path)
-            rule = None if is_array or self.keys is None else self.keys.at(path)
-            self.stack.append(_Frame(is_array, unique, rule))
+            if is_array or self.keys is None:
+                self.stack.append(_Frame(is_array, unique))
+            else:
+                keys = self.keys
+                frame = _Frame(False, False, keys.at(path))
+                if keys.conditional:
+                    frame.checks, frame.watch = keys.conditional_at(path), keys.watched_at(path)
+                self.stack.append(frame)
             self.state = VALUE if is_array else KEY_START
         elif byte == 0x22:
             self.state = STRING
@@ -222,12 +252,61 @@ class JsonScanner:
         return True
 
     def _close(self) -> bool:
-        rule, keys = self.stack[-1].rule, self.stack[-1].keys
+        top = self.stack[-1]
+        rule, keys = top.rule, top.keys
         if rule is not None and (len(keys) < rule.min_count or not rule.required <= keys):
             return False
+        if top.pending:  # a key a condition waits on never came, though it must be there
+            return False
+        for conditions, required in top.checks:
+            if not required <= keys and not self._defer(conditions):
+                return False
         self.stack.pop()
         self.state = AFTER
         return self._completed()
+
+    def _unsettled(self, conditions: tuple[Condition, ...]) -> tuple[Condition, ...] | None:
+        """The conditions not known yet; None where one is known to fail."""
+        left = []
+        for condition in conditions:
+            depth, key, values = condition
+            known = self.stack[depth].values
+            if key in known:
+                if known[key] not in values:
+                    return None
+            else:
+                left.append(condition)
+        return tuple(left)
+
+    def _defer(self, conditions: tuple[Condition, ...]) -> bool:
+        """A conditional rule of the object closing now is broken: False where its
+        conditions hold (or wait on this object's own keys, which must be there by now);
+        else it waits on the deepest object whose key is not known yet."""
+        left = self._unsettled(conditions)
+        if left is None:
+            return True
+        deepest = max((depth for depth, _, _ in left), default=len(self.stack) - 1)
+        if deepest == len(self.stack) - 1:
+            return False
+        frame = self.stack[deepest]
+        frame.pending = (*frame.pending, left)
+        return True
+
+    def _watched(self, top: _Frame) -> bool:
+        """A watched key's value just ended: the rules waiting on it are decided (False: one
+        of them is broken) or wait on an outer object."""
+        text = bytes(self.text[top.item_start :])
+        top.values = {**top.values, top.at: canonical(json.loads(text.decode()))}
+        waiting, top.pending = top.pending, ()
+        for conditions in waiting:
+            left = self._unsettled(conditions)
+            if left is None:
+                continue
+            if not left:
+                return False
+            frame = self.stack[max(depth for depth, _, _ in left)]
+            frame.pending = (*frame.pending, left)
+        return True
 
     def _key(self, key: str) -> bool:
         """A key just ended: under a key rule, new and leaving room for the missing ones."""
@@ -250,10 +329,13 @@ class JsonScanner:
         return b"\\" in sofar or any(_key_bytes(n).startswith(sofar) for n in pool)
 
     def _completed(self) -> bool:
-        """A value just ended: as an item of a unique array, it must be new."""
-        if not (self.stack and self.stack[-1].is_array):
+        """A value just ended: as an item of a unique array, it must be new; as a watched
+        key's value, it decides the rules waiting on it."""
+        if not self.stack:
             return True
         top = self.stack[-1]
+        if not top.is_array:
+            return top.at not in top.watch or self._watched(top)
         top.in_item = False
         if not top.unique:
             return True

@@ -10,7 +10,11 @@ A `required` moves beside the grammar only where it applies to every object at s
 path (the walk of unique_items.py: through `properties`, `patternProperties`,
 `additionalProperties`, `items`, `allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that
 is the only one whose value there can be an object, or through every branch that admits
-them: the same definition under each). Elsewhere (under `not`, `if`, a pattern not read as
+them: the same definition under each). It also moves where a discriminator chooses the branch
+(a key every object there has, required by the `anyOf`'s holder or by each branch, whose
+`const` / `enum` values no two branches share): there it is checked once that key's value is
+known, at the closing brace, or, where an inner object closed first, at that value's end
+(json_scanner.py). Elsewhere (under `not`, `if`, a pattern not read as
 ECMA-262 reads it or an ambiguous branch, or under the target of a recursive `$ref`) it stays
 in the grammar, and so does the schema's order of that object's properties, and of those of
 every subschema joined with it (`allOf` / `anyOf` / `oneOf` members, `$ref` targets): llguidance
@@ -29,7 +33,7 @@ from typing import Any
 
 from ...lang.sampling_table import PROPERTY_ORDERS
 from .schema_logic import DATA_KEYWORDS, as_list, asserted, ecma_regex, pointer
-from .unique_items import Step, exact_nodes, matches
+from .unique_items import Condition, Step, exact_nodes, matches
 
 # Keywords whose values map names (not keywords) to subschemas.
 _NAME_MAPS = frozenset(
@@ -65,12 +69,18 @@ class KeyRule:
         )
 
 
+Check = tuple[tuple[Condition, ...], frozenset[str]]
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectKeys:
     """The key rules by instance path (steps as unique_items.py's); every other object's
-    keys are only kept unique."""
+    keys are only kept unique. A `conditional` rule is the `required` of a subschema that
+    applies at its path where a discriminator chooses it: the object at the path's first
+    `depth` steps has the key with one of the values (each condition holding)."""
 
     rules: tuple[tuple[tuple[Step, ...], KeyRule], ...] = ()
+    conditional: tuple[tuple[tuple[Step, ...], tuple[Condition, ...], frozenset[str]], ...] = ()
 
     def at(self, path: list[Any]) -> KeyRule:
         found = KeyRule()
@@ -79,19 +89,40 @@ class ObjectKeys:
                 found = found.merge(rule)
         return found
 
+    def conditional_at(self, path: list[Any]) -> tuple[Check, ...]:
+        """The conditional rules of the object at `path`: (conditions, required keys)."""
+        return tuple((c, r) for pattern, c, r in self.conditional if matches(pattern, path))
+
+    def watched_at(self, path: list[Any]) -> frozenset[str]:
+        """The keys of the object at `path` whose values some condition reads."""
+        return frozenset(
+            key
+            for pattern, conditions, _ in self.conditional
+            for depth, key, _ in conditions
+            if depth == len(path) and matches(pattern[:depth], path)
+        )
+
 
 def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
     """(`schema` with its objects' properties as patterns and the exactly placed ones'
     `required` left out, the key rules), or None where no object changes."""
     if not isinstance(schema, dict):
         return None
-    exact = exact_nodes(schema, _has_rule, "object")
+    exact = exact_nodes(schema, _has_rule, "object", discriminate=True)
+    placed = [(node, where) for node, placements in exact.values() for where in placements]
     rules = tuple(
-        (path, _rule(node)) for node, paths in exact.values() for path in sorted(paths, key=repr)
+        (path, _rule(node))
+        for node, (path, conditions) in sorted(placed, key=lambda p: repr(p[1]))
+        if not conditions
+    )
+    conditional = tuple(
+        (path, conditions, _rule(node).required)
+        for node, (path, conditions) in sorted(placed, key=lambda p: repr(p[1]))
+        if conditions and _has_required(node)
     )
     ordered, alone = _ordered(schema, frozenset(exact))
     out = _copy(schema, frozenset(exact), ordered, alone)
-    return None if out == schema else (out, ObjectKeys(rules))
+    return None if out == schema else (out, ObjectKeys(rules, conditional))
 
 
 def _has_rule(s: dict[str, Any]) -> bool:

@@ -54,6 +54,14 @@ class SchemaLogic:
             depth += 1
         return None if isinstance(s, dict) and "$ref" in s else s
 
+    def key_values(self, s: Any, key: str) -> list[Any] | None:
+        """The only values an object's `key` may have under `s` (its `properties` entry's
+        `const` / `enum`, following local `$ref`s), where `s` lists them."""
+        s = self.resolve(s, 0)
+        props = s.get("properties") if isinstance(s, dict) else None
+        sub = self.resolve(props.get(key), 0) if isinstance(props, dict) else None
+        return _values(sub) if isinstance(sub, dict) else None
+
     def disjoint(self, a: Any, b: Any) -> bool:
         """No instance can match both `a` and `b` (False where it cannot be shown)."""
         a, b = self.resolve(a, 0), self.resolve(b, 0)

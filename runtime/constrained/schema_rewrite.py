@@ -5,8 +5,9 @@ left in place and the backend refuses it by name):
 - `dependencies` / `dependentRequired` / `dependentSchemas`: "k absent, or ..." as an `anyOf`;
 - `not S`: the complement of S built keyword by keyword (`negate`); a keyword whose complement
   is not a schema (`pattern`, `items`, ...) leaves the `not` as it was;
-- `oneOf`: `anyOf` when the branches are provably disjoint (types, a discriminating constant,
-  a required key the other branch forbids), else "branch i and not the others" (between two
+- `oneOf`: `anyOf` when the branches are provably disjoint (types, a discriminating constant
+  of a key both branches or the `oneOf`'s holder require, a required key the other branch
+  forbids), else "branch i and not the others" (between two
   closed objects, "a key the other does not list" is "one of this branch's keys the other
   does not list", which a schema can say);
 - `if`/`then`/`else`: `anyOf [if ∧ then, ¬if ∧ else]`; `then` / `else` without `if` are
@@ -142,7 +143,8 @@ class _Rewriter(SchemaLogic):
         if "if" in s and (conditional := self.conditional(s)) is not None:
             extra.append(conditional)
             s = without(s, "if", "then", "else")
-        if isinstance(s.get("oneOf"), list) and (exclusive := self.one_of(s["oneOf"])) is not None:
+        one_of = s.get("oneOf")
+        if isinstance(one_of, list) and (exclusive := self.one_of(one_of, s)) is not None:
             s = without(s, "oneOf")
             if "anyOf" in exclusive and "anyOf" not in s:
                 s = {**s, "anyOf": exclusive["anyOf"]}  # in place: no allOf around recursive refs
@@ -206,6 +208,14 @@ class _Rewriter(SchemaLogic):
             out.append({"properties": keys, "additionalProperties": False})
         return out
 
+    def requiring(self, branch: Any, required: list[Any]) -> Any:
+        """`branch` with these keys required as well, where that is said on the branch."""
+        resolved = self.resolve(branch, 0)
+        if not isinstance(resolved, dict):
+            return resolved
+        names = [*as_list(resolved.get("required")), *required]
+        return {**resolved, "required": list(dict.fromkeys(n for n in names if isinstance(n, str)))}
+
     def conditional(self, s: dict[str, Any]) -> Any:
         negated = self.negate(s["if"], 0)
         if negated is None:
@@ -213,9 +223,16 @@ class _Rewriter(SchemaLogic):
         then, other = s.get("then", True), s.get("else", True)
         return {"anyOf": [{"allOf": [s["if"], then]}, {"allOf": [negated, other]}]}
 
-    def one_of(self, branches: list[Any]) -> Any:
+    def one_of(self, branches: list[Any], within: dict[str, Any]) -> Any:
+        """The `oneOf` of `within` (the subschema it is in) as an `anyOf` or a conjunction."""
         if all(self.disjoint(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]):
             return {"anyOf": branches}
+        if (required := as_list(within.get("required"))) and all(
+            self.disjoint(*(self.requiring(c, required) for c in (a, b)))
+            for i, a in enumerate(branches)
+            for b in branches[i + 1 :]
+        ):
+            return {"anyOf": branches}  # disjoint where the keys `within` requires are there
         resolved = [self.resolve(b, 0) for b in branches]
         names = [_closed_names(r) for r in resolved]
 

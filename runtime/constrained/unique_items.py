@@ -19,7 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .schema_logic import ASSERTIONS, DATA_KEYWORDS, JSON_TYPES, SchemaLogic, ecma_regex, pointer
+from .schema_logic import (
+    ASSERTIONS,
+    DATA_KEYWORDS,
+    JSON_TYPES,
+    SchemaLogic,
+    as_list,
+    ecma_regex,
+    pointer,
+)
 
 # One step of an instance path: ("key", name), ("pattern", p) for any key the pattern p
 # matches, ("other", (names, patterns)) for any key not in names and matched by none of the
@@ -30,6 +38,10 @@ MAX_VISITS = 20_000  # subschema visits (shared $refs are walked once per use)
 MAX_CHAINS = 256  # disjunction chains merged for one subschema at one path
 FREE = "free"  # the chain of a subschema under an anyOf that admits every instance anyway
 MAX_HOPS = 64  # $refs, conjuncts, branches and steps followed to type a value inside a branch
+# (depth, key, values): the object at the path's first `depth` steps has `key`, with one of
+# these values (canonical()); a path with its conditions (all must hold)
+Condition = tuple[int, str, frozenset[Any]]
+Placement = tuple[tuple[Step, ...], tuple[Condition, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +58,13 @@ class UniqueArrays:
 def unique_arrays(schema: Any) -> UniqueArrays:
     """The `uniqueItems: true` of `schema` that can be enforced exactly (see the module)."""
     exact = exact_nodes(schema, lambda s: s.get("uniqueItems") is True, "array")
-    paths = sorted({path for _, paths in exact.values() for path in paths}, key=repr)
+    paths = sorted({path for _, placed in exact.values() for path, _ in placed}, key=repr)
     return UniqueArrays(frozenset(exact), tuple(paths))
 
 
 def exact_nodes(
-    schema: Any, wanted: Callable[[dict[str, Any]], bool], kind: str
-) -> dict[int, tuple[dict[str, Any], list[tuple[Step, ...]]]]:
+    schema: Any, wanted: Callable[[dict[str, Any]], bool], kind: str, discriminate: bool = False
+) -> dict[int, tuple[dict[str, Any], list[Placement]]]:
     """The subschemas `wanted` picks that apply to every instance of type `kind` at each
     instance path they are reached at (by id(): the subschema and those paths); none where
     the walk is cut (too deep, too many visits), and none of those a recursive $ref reaches
@@ -60,7 +72,10 @@ def exact_nodes(
     without end); the rest of a recursive schema is exact as in any other. A subschema reached
     through every branch of an `anyOf` / `oneOf` that an instance could take there (the same
     definition under each of them) applies whichever branch it takes; one reached only under
-    an `anyOf` that admits every instance anyway is found with no paths (nothing to enforce)."""
+    an `anyOf` that admits every instance anyway is found with no paths (nothing to enforce).
+    Each path comes with the conditions it applies under: none, or (`discriminate`) the
+    discriminator values that choose each branch passed where another could also be taken
+    (`_Walk.conditions`)."""
     if not isinstance(schema, dict):
         return {}
     walk = _Walk(schema, wanted)
@@ -76,11 +91,13 @@ def exact_nodes(
         for path, chain in visits:
             if chain is not FREE:  # where it asserts nothing, it needs no enforcing
                 by_path.setdefault(path, []).append(chain)
-        if all(
-            any(walk.transparent(path, chain, kind) for chain in walk.covered(path, chains, kind))
-            for path, chains in by_path.items()
-        ):
-            found[node_id] = (walk.nodes[node_id], list(by_path))
+        placements = []
+        for path, chains in by_path.items():
+            if (placed := walk.placed(path, chains, kind, discriminate)) is None:
+                break
+            placements += [(path, conditions) for conditions in placed]
+        else:
+            found[node_id] = (walk.nodes[node_id], placements)
     return found
 
 
@@ -108,6 +125,7 @@ class _Walk(SchemaLogic):
         self.num_visits = 0
         self.recursive_refs: set[str] = set()  # $refs met again inside their own target
         self.branches: dict[int, list[Any]] = {}  # each anyOf / oneOf passed, by id()
+        self.holders: dict[int, dict[str, Any]] = {}  # the subschema each is a keyword of
         self.branch_types: dict[int, tuple[frozenset[str], ...]] = {}  # by the list's id()
         self.shapes: dict[int, _Shape] = {}
 
@@ -136,6 +154,7 @@ class _Walk(SchemaLogic):
             if (types := self.branch_types.get(id(branches))) is None:
                 types = self.branch_types[id(branches)] = tuple(self.types(b, 0) for b in branches)
                 self.branches[id(branches)] = branches
+                self.holders[id(branches)] = s
             for i, b in enumerate(branches):
                 if isinstance(b, dict):
                     link = None if chain is None else (*chain, (id(branches), types, i, len(path)))
@@ -197,18 +216,76 @@ class _Walk(SchemaLogic):
                 stack.extend(v for k, v in node.items() if k not in DATA_KEYWORDS)
         return seen
 
-    def transparent(self, path: tuple[Step, ...], chain: Any, kind: str) -> bool:
-        """Every branch passed is the only one whose instances can have the type the path
-        needs there (an object before a key, an array before an index, `kind` at the end)."""
+    def placed(
+        self, path: tuple[Step, ...], chains: list[Any], kind: str, discriminate: bool
+    ) -> list[tuple[Condition, ...]] | None:
+        """The conditions under which a subschema reached by `chains` at `path` applies there
+        (one set of them for each way it is reached; () for always), or None where that is
+        not known (see `covered` and `conditions`)."""
+        covered = self.covered(path, chains, kind)
+        if any(self.conditions(path, chain, kind, False) == () for chain in covered):
+            return [()]
+        if not discriminate or not covered:
+            return None
+        decided = {c: self.conditions(path, c, kind, True) for c in covered}
+        out: dict[tuple[Condition, ...], None] = {}
+        for chain in chains:  # each way is decided by itself or by a chain it reduces to
+            ways = [d for c, d in decided.items() if d is not None and _within(c, chain)]
+            if not ways:
+                return None
+            out[min(ways, key=len)] = None
+        return list(out)
+
+    def conditions(
+        self, path: tuple[Step, ...], chain: Any, kind: str, discriminate: bool
+    ) -> tuple[Condition, ...] | None:
+        """What chooses each branch passed: nothing where it is the only one whose instances
+        can have the type the path needs there (an object before a key, an array before an
+        index, `kind` at the end); else (`discriminate`) the value of a key that every
+        instance there has, which that branch lists apart from every other one that could
+        be taken. None where some branch is not chosen so."""
         if chain is None:
-            return False
+            return None
+        out = []
         for where, types, taken, depth in chain:
             need = _needed(path, depth, kind)
-            others = [j for j, t in enumerate(types) if j != taken and need in t]
             branches = self.branches[where]
-            if any(kind in self.types_at(branches[j], path[depth:], 0) for j in others):
-                return False
-        return True
+            others = [
+                j
+                for j, t in enumerate(types)
+                if j != taken and need in t and kind in self.types_at(branches[j], path[depth:], 0)
+            ]
+            if not others:
+                continue
+            if not discriminate or need != "object":
+                return None
+            if (found := self.discriminator(where, taken, others)) is None:
+                return None
+            out.append((depth, *found))
+        return tuple(out)
+
+    def discriminator(self, where: int, taken: int, others: list[int]) -> Any:
+        """(key, values): a key every instance of the disjunction's object has (its holder,
+        or each branch that could be taken, requires it), whose values under branch `taken`
+        (const / enum) no branch of `others` allows; None if there is none."""
+        branches, held = self.branches[where], as_list(self.holders[where].get("required"))
+        resolved = self.resolve(branches[taken], 0)
+        props = resolved.get("properties") if isinstance(resolved, dict) else None
+        for key in props if isinstance(props, dict) else ():
+            if (values := self.key_values(resolved, key)) is None:
+                continue
+            if key not in held and not all(
+                key in _required(self.resolve(branches[j], 0)) for j in (taken, *others)
+            ):
+                continue
+            mine = frozenset(canonical(v) for v in values)
+            if all(
+                (theirs := self.key_values(branches[j], key)) is not None
+                and not mine & {canonical(v) for v in theirs}
+                for j in others
+            ):
+                return key, mine
+        return None
 
     def types_at(self, s: Any, steps: tuple[Step, ...], depth: int) -> frozenset[str]:
         """The JSON types the value at `steps` inside an instance of `s` may have (a
@@ -256,6 +333,16 @@ class _Walk(SchemaLogic):
                     grown |= (*head, *tail) not in out
                     out.add((*head, *tail))
         return out
+
+
+def _required(s: Any) -> list[Any]:
+    return as_list(s.get("required")) if isinstance(s, dict) else []
+
+
+def _within(reduced: tuple[Any, ...], chain: tuple[Any, ...]) -> bool:
+    """`reduced` is `chain` less some of its links (in order)."""
+    links = iter(chain)
+    return all(link in links for link in reduced)
 
 
 def _needed(path: tuple[Step, ...], depth: int, kind: str) -> str:

@@ -166,6 +166,90 @@ def test_a_definition_every_branch_reaches_applies_whichever_branch_holds() -> N
     assert reordered is None or not reordered[1].at(["artifacts", 0]).required
 
 
+PING = {
+    "type": "object",
+    "properties": {"method": {"const": "ping"}, "params": {"properties": {"id": INT}}},
+    "required": ["method"],
+}
+CALL = {
+    "type": "object",
+    "properties": {
+        "method": {"const": "call"},
+        "params": {"properties": {"name": STR, "args": {}}, "required": ["name", "args"]},
+    },
+    "required": ["method", "params"],
+}
+
+
+def test_a_branch_chosen_by_a_value_keeps_its_keys_in_any_order() -> None:
+    """A discriminated union (each branch requires `method` and lists its own value): the
+    value says which branch holds, so each branch's `required`, and those of the objects
+    under it, are checked beside the grammar once the value is known; before it, where an
+    inner object closes first, the check waits for it (a request named by its method)."""
+    schema = {"anyOf": [PING, CALL]}
+    _, keys = any_order(schema)
+    assert not keys.at([]).required and not keys.at(["params"]).required
+    (conditions, required), *_ = keys.conditional_at(["params"])
+    assert conditions == ((0, "method", frozenset({("string", "call")})),)
+    assert required == {"name", "args"} and keys.watched_at([]) == {"method"}
+    c = _constraint(schema)
+    for text in (
+        '{"method":"call","params":{"args":1,"name":"f"}}',
+        '{"params":{"args":1,"name":"f"},"method":"call"}',  # the value after the object
+        '{"params":{"args":1},"method":"ping"}',  # ping's params require nothing
+        '{"method":"ping"}',
+    ):
+        assert c.accepts(text), text
+    for text in (
+        '{"params":{"args":1},"method":"call"}',  # call's params need a name
+        '{"method":"call","params":{"args":1}}',
+        '{"method":"call"}',  # call needs params
+        '{"params":{"args":1,"name":"f"}}',  # no method: no branch holds
+        '{"method":"other"}',
+    ):
+        assert not c.accepts(text), text
+    m = _walk(c, '{"params":{"args":1},"method":"call')
+    assert not m.allows(_token(c, '"'))  # refused where the value is known
+    m = _walk(c, '{"method":"call","params":{"args":1')
+    assert not m.allows(_token(c, "}"))  # and at the brace, where it is known already
+
+
+def test_a_branch_chosen_by_its_holders_required_key() -> None:
+    """The discriminating key may be required by the object holding the `anyOf` rather than
+    by each branch; nested discriminators add their conditions (a geometry with a type)."""
+    point = {"properties": {"type": {"const": "Point"}, "coordinates": INT}}
+    point["required"] = ["coordinates"]
+    line = {"properties": {"type": {"enum": ["Line", "Ray"]}, "points": {"type": "array"}}}
+    line["required"] = ["points"]
+    schema = {
+        "type": "object",
+        "properties": {"type": STR, "shape": {"required": ["type"], "anyOf": [point, line]}},
+        "required": ["type"],
+        "anyOf": [
+            {"properties": {"type": {"const": "shape"}}, "required": ["shape"]},
+            {"properties": {"type": {"const": "none"}}},
+        ],
+    }
+    c = _constraint(schema)
+    assert c.accepts('{"shape":{"coordinates":1,"type":"Point"},"type":"shape"}')
+    assert c.accepts('{"type":"shape","shape":{"points":[],"type":"Ray"}}')
+    assert c.accepts('{"type":"none","shape":{"type":"Line","points":[]}}')
+    assert not c.accepts('{"shape":{"points":[],"type":"Point"},"type":"shape"}')
+    assert not c.accepts('{"type":"shape","shape":{"type":"Line"}}')
+    assert not c.accepts('{"type":"shape"}')
+    assert not c.accepts('{"shape":{"coordinates":1,"type":"Point"}}')
+
+
+def test_branches_whose_values_overlap_keep_their_required_in_the_grammar() -> None:
+    both = {**PING, "properties": {**PING["properties"], "method": {"enum": ["ping", "call"]}}}
+    schema = {"anyOf": [both, CALL]}
+    reordered = any_order(schema)
+    assert reordered is None or not reordered[1].conditional
+    c = _constraint(schema)
+    assert c.accepts('{"method":"call","params":{"args":1}}')  # the first branch holds
+    assert not c.accepts('{"params":{"args":1}}')
+
+
 def test_a_conjunct_keeping_its_required_keeps_the_others_in_schema_order() -> None:
     """llguidance writes an object's listed properties before its patterned ones: where one
     subschema of an object keeps `required` in the grammar, those it is joined with (allOf,

@@ -268,6 +268,29 @@ EXACT = [
 ]
 
 
+TAGGED = {
+    "type": "object",
+    "required": ["kind"],
+    "properties": {"kind": STR},
+    "oneOf": [
+        {"properties": {"kind": {"const": "a"}, "x": {"type": "string", "pattern": "^a"}}},
+        {"properties": {"kind": {"enum": ["b", "c"]}}},
+    ],
+}
+EXACT.append(
+    (TAGGED, [{"kind": "a", "x": "ab"}, {"kind": "a", "x": "b"}, {"kind": "b", "x": "z"}, {}])
+)
+
+
+def test_branches_told_apart_by_a_key_the_holder_requires_are_an_any_of() -> None:
+    """Neither branch requires `kind`, but the object holding the `oneOf` does, and each
+    branch lists its own values for it: no instance matches both, as written."""
+    rewritten, _ = rewrite_schema(TAGGED, lambda _: True)
+    assert rewritten["anyOf"] == TAGGED["oneOf"] and "oneOf" not in rewritten
+    optional = {**TAGGED, "required": []}  # {} would match both: not an anyOf
+    assert rewrite_schema(optional, lambda _: True)[0].get("anyOf") != TAGGED["oneOf"]
+
+
 @pytest.mark.parametrize(("schema", "instances"), EXACT, ids=lambda x: json.dumps(x)[:50])
 def test_rewrite_accepts_exactly_the_valid_instances(schema: Any, instances: list[Any]) -> None:
     verdicts = [_valid(schema, v) for v in instances]
