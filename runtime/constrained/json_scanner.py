@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .key_presence import holds, satisfiable, viable
 from .property_order import KeyRule, ObjectKeys
 from .unique_items import Condition, UniqueArrays, canonical
 
@@ -95,7 +96,8 @@ class _Frame:
         if rule is None:
             return None
         if rule.names is not None:
-            return frozenset(n for n in rule.names - self.keys if self.has_room(n))
+            pool = frozenset(n for n in rule.names - self.keys if self.has_room(n))
+            return pool if rule.formula is None else viable(rule.formula, self.keys, pool)
         if self.has_room(None):
             return None
         return frozenset(n for n in rule.required - self.keys if self.has_room(n))
@@ -113,7 +115,10 @@ class JsonScanner:
 
     @property
     def watching(self) -> bool:
-        """Some open container is a unique array or an object with a key rule."""
+        """Some open container is a unique array or an object with a key rule, or the
+        document has not begun (one token may open and close it: `{}`)."""
+        if not self.stack:
+            return self.state == VALUE
         return any(f.unique or f.rule is not None for f in self.stack)
 
     def may_repeat(self) -> bool:
@@ -256,6 +261,8 @@ class JsonScanner:
         rule, keys = top.rule, top.keys
         if rule is not None and (len(keys) < rule.min_count or not rule.required <= keys):
             return False
+        if rule is not None and rule.formula is not None and not holds(rule.formula, keys):
+            return False
         if top.pending:  # a key a condition waits on never came, though it must be there
             return False
         for conditions, required in top.checks:
@@ -318,7 +325,10 @@ class JsonScanner:
             return False
         top.keys = top.keys | {key}
         top.key_texts = (*top.key_texts, bytes(self.text[self.word_start :]))
-        return True
+        if top.rule.formula is None:
+            return True
+        pool = None if top.rule.names is None else top.rule.names - top.keys
+        return satisfiable(top.rule.formula, top.keys, pool)
 
     def _key_viable(self) -> bool:
         """Some key that may still come begins with the key so far (where they are finitely

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...lang.sampling_table import PROPERTY_ORDERS
+from .key_presence import disjunction_formula
 from .schema_logic import DATA_KEYWORDS, as_list, asserted, ecma_regex, pointer
 from .unique_items import Condition, Step, exact_nodes, matches
 
@@ -39,6 +40,7 @@ from .unique_items import Condition, Step, exact_nodes, matches
 _NAME_MAPS = frozenset(
     "properties patternProperties $defs definitions dependentSchemas dependencies".split()
 )
+_DISJUNCTIONS = frozenset({"anyOf", "oneOf"})
 _META = re.compile(r"([\\.+*?()|\[\]{}^$])")
 
 
@@ -56,16 +58,19 @@ class KeyRule:
     min_count: int = 0
     max_count: int | None = None
     names: frozenset[str] | None = None  # the only keys allowed (a closed object), if any
+    formula: Any = None  # which keys are there, as key_presence.py says it, if anything
 
     def merge(self, other: KeyRule) -> KeyRule:
         """Both rules at once (two subschemas applying at one path, through an `allOf`)."""
         highs = [m for m in (self.max_count, other.max_count) if m is not None]
         names = [n for n in (self.names, other.names) if n is not None]
+        formulas = tuple(f for f in (self.formula, other.formula) if f is not None)
         return KeyRule(
             self.required | other.required,
             max(self.min_count, other.min_count),
             min(highs) if highs else None,
             frozenset.intersection(*names) if names else None,
+            ("all", formulas) if len(formulas) > 1 else formulas[0] if formulas else None,
         )
 
 
@@ -108,10 +113,27 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
     `required` left out, the key rules), or None where no object changes."""
     if not isinstance(schema, dict):
         return None
-    exact = exact_nodes(schema, _has_rule, "object", discriminate=True)
+    formulas: dict[int, Any] = {}
+
+    def formula(s: dict[str, Any]) -> Any:
+        if id(s) not in formulas:
+            formulas[id(s)] = disjunction_formula(schema, s)
+        return formulas[id(s)]
+
+    exact = exact_nodes(
+        schema,
+        lambda s: _has_rule(s) or formula(s) is not None,
+        "object",
+        discriminate=True,
+        aside=lambda s: formula(s) is not None,
+    )
+    # where its anyOf / oneOf say only which keys are there, and it holds at fixed paths
+    dropped = frozenset(
+        i for i in exact if formulas.get(i) is not None and not any(c for _, c in exact[i][1])
+    )
     placed = [(node, where) for node, placements in exact.values() for where in placements]
     rules = tuple(
-        (path, _rule(node))
+        (path, _rule(node, formulas[id(node)] if id(node) in dropped else None))
         for node, (path, conditions) in sorted(placed, key=lambda p: repr(p[1]))
         if not conditions
     )
@@ -120,8 +142,8 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
         for node, (path, conditions) in sorted(placed, key=lambda p: repr(p[1]))
         if conditions and _has_required(node)
     )
-    ordered, alone = _ordered(schema, frozenset(exact))
-    out = _copy(schema, frozenset(exact), ordered, alone)
+    ordered, alone = _ordered(schema, frozenset(exact), dropped)
+    out = _copy(schema, frozenset(exact), ordered, alone, dropped)
     return None if out == schema else (out, ObjectKeys(rules, conditional))
 
 
@@ -157,7 +179,7 @@ def _plain(name: str) -> bool:
     return not any(c in '"\\' or ord(c) < 0x20 for c in name)
 
 
-def _rule(s: dict[str, Any]) -> KeyRule:
+def _rule(s: dict[str, Any], formula: Any = None) -> KeyRule:
     props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
     low, high = s.get("minProperties"), s.get("maxProperties")
     # closed to its listed names; with patterns, the scanner cannot tell which keys they allow
@@ -167,6 +189,7 @@ def _rule(s: dict[str, Any]) -> KeyRule:
         low if _is_int(low) else 0,
         high if _is_int(high) else None,
         frozenset(props) if closed else None,
+        formula,
     )
 
 
@@ -183,7 +206,9 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _ordered(schema: Any, targets: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
+def _ordered(
+    schema: Any, targets: frozenset[int], dropped: frozenset[int]
+) -> tuple[frozenset[int], frozenset[int]]:
     """The subschemas that keep their listed properties in the schema's order because one
     that applies to the same objects keeps its `required` in the grammar: llguidance emits an
     object's listed properties before its patterned ones, so converting some of them would
@@ -209,7 +234,8 @@ def _ordered(schema: Any, targets: frozenset[int]) -> tuple[frozenset[int], froz
         if not isinstance(node, dict) or id(node) in nodes:
             continue
         nodes[id(node)] = node
-        joined = [m for key in ("allOf", "anyOf", "oneOf") for m in as_list(node.get(key))]
+        combined = ("allOf",) if id(node) in dropped else ("allOf", "anyOf", "oneOf")
+        joined = [m for key in combined for m in as_list(node.get(key))]
         if isinstance(node.get("$ref"), str):
             joined.append(pointer(schema, node["$ref"]))
         for other in joined:
@@ -218,7 +244,7 @@ def _ordered(schema: Any, targets: frozenset[int]) -> tuple[frozenset[int], froz
         for key, value in node.items():
             if key in _NAME_MAPS and isinstance(value, dict):
                 stack.extend(value.values())
-            elif key not in DATA_KEYWORDS:
+            elif key not in DATA_KEYWORDS and (key in combined or key not in _DISJUNCTIONS):
                 stack.append(value)
     keeping = {root(i) for i, node in nodes.items() if _has_required(node) and i not in targets}
     sizes: dict[int, int] = {}
@@ -241,23 +267,31 @@ def _copy(
     targets: frozenset[int],
     ordered: frozenset[int] = frozenset(),
     alone: frozenset[int] = frozenset(),
+    dropped: frozenset[int] = frozenset(),
 ) -> Any:
     """A copy of `node` with each object's properties as exact-name patterns (but in the
     `ordered` subschemas; in the `alone` ones, names saying the same share one) and each
     target object's `required` left to the rule beside the grammar (min/maxProperties stay:
-    llguidance counts keys whatever their patterns)."""
+    llguidance counts keys whatever their patterns), and the `anyOf` / `oneOf` of the
+    `dropped` ones too (their rules' formulas)."""
     if isinstance(node, list):
-        return [_copy(v, targets, ordered, alone) for v in node]
+        return [_copy(v, targets, ordered, alone, dropped) for v in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in DATA_KEYWORDS:
             out[key] = value
+        elif key in _DISJUNCTIONS and id(node) in dropped:
+            continue
         elif key in _NAME_MAPS and isinstance(value, dict):  # names to subschemas
-            out[key] = {name: _copy(sub, targets, ordered, alone) for name, sub in value.items()}
+            out[key] = {
+                name: _copy(sub, targets, ordered, alone, dropped) for name, sub in value.items()
+            }
         else:
-            out[key] = _copy(value, targets, ordered, alone)
+            out[key] = _copy(value, targets, ordered, alone, dropped)
+    if id(node) in dropped:
+        out["type"] = "object"  # as the disjunctions said (key_presence.py)
     if id(node) in targets:
         out.pop("required", None)
     if _convertible(node) and "required" not in out and id(node) not in ordered:

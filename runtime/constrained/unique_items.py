@@ -63,7 +63,11 @@ def unique_arrays(schema: Any) -> UniqueArrays:
 
 
 def exact_nodes(
-    schema: Any, wanted: Callable[[dict[str, Any]], bool], kind: str, discriminate: bool = False
+    schema: Any,
+    wanted: Callable[[dict[str, Any]], bool],
+    kind: str,
+    discriminate: bool = False,
+    aside: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[int, tuple[dict[str, Any], list[Placement]]]:
     """The subschemas `wanted` picks that apply to every instance of type `kind` at each
     instance path they are reached at (by id(): the subschema and those paths); none where
@@ -75,10 +79,11 @@ def exact_nodes(
     an `anyOf` that admits every instance anyway is found with no paths (nothing to enforce).
     Each path comes with the conditions it applies under: none, or (`discriminate`) the
     discriminator values that choose each branch passed where another could also be taken
-    (`_Walk.conditions`)."""
+    (`_Walk.conditions`). The `anyOf` / `oneOf` of a subschema `aside` picks are not walked
+    (a caller that enforces them otherwise where that subschema is exact)."""
     if not isinstance(schema, dict):
         return {}
-    walk = _Walk(schema, wanted)
+    walk = _Walk(schema, wanted, aside or (lambda _: False))
     walk.visit(schema, (), (), frozenset())
     if walk.cut:
         return {}
@@ -116,9 +121,14 @@ class _Walk(SchemaLogic):
     the disjunctions passed on the way (branch types, branch taken, path depth); a chain of
     None marks one reached under `not`, `if`, a pattern and the like: never exact."""
 
-    def __init__(self, root: Any, wanted: Callable[[dict[str, Any]], bool]) -> None:
+    def __init__(
+        self,
+        root: Any,
+        wanted: Callable[[dict[str, Any]], bool],
+        aside: Callable[[dict[str, Any]], bool],
+    ) -> None:
         super().__init__(root)
-        self.wanted = wanted
+        self.wanted, self.aside = wanted, aside
         self.found: dict[int, list[tuple[tuple[Step, ...], Any]]] = {}
         self.nodes: dict[int, dict[str, Any]] = {}
         self.cut = False  # a path past MAX_DEPTH, too many visits
@@ -169,7 +179,7 @@ class _Walk(SchemaLogic):
         ref = s.get("$ref") if isinstance(s.get("$ref"), str) else None
         members = tuple(m for m in _list_of(s, "allOf") if isinstance(m, dict))
         disjunctions = []
-        for key in ("anyOf", "oneOf"):
+        for key in () if self.aside(s) else ("anyOf", "oneOf"):
             if branches := _list_of(s, key):
                 admits_all = key == "anyOf" and any(_asserts_nothing(b) for b in branches)
                 disjunctions.append((branches, admits_all))

@@ -5,14 +5,17 @@ key is missing; the default ("schema") unchanged."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 import stemma
 from stemma.runtime.constrained.llguidance_grammar import grammar_texts
 from stemma.runtime.constrained.property_order import any_order
+from stemma.runtime.constrained.schema_rewrite import rewrite_schema
 from stemma.runtime.constrained.spec import ConstraintSpec
 
 INT, STR = {"type": "integer"}, {"type": "string"}
@@ -248,6 +251,56 @@ def test_branches_whose_values_overlap_keep_their_required_in_the_grammar() -> N
     c = _constraint(schema)
     assert c.accepts('{"method":"call","params":{"args":1}}')  # the first branch holds
     assert not c.accepts('{"params":{"args":1}}')
+
+
+BUILD = {
+    "type": "object",
+    "properties": {"image": STR, "build": STR, "dockerfile": STR, "ports": INT},
+    "additionalProperties": False,
+    "oneOf": [
+        {"required": ["image"], "not": {"required": ["dockerfile"]}},
+        {"required": ["build"]},
+    ],
+}
+
+
+@pytest.mark.parametrize("rewritten", [False, True])
+def test_a_one_of_saying_which_keys_are_there_is_checked_at_the_brace(rewritten: bool) -> None:
+    """A `oneOf` whose branches only say which keys are there (a container built from an
+    image or from a directory) becomes a formula over the keys, checked beside the grammar:
+    every set of keys, in both orders, is decided as jsonschema decides it."""
+    schema = rewrite_schema(BUILD, lambda _: True)[0] if rewritten else BUILD
+    out, keys = any_order(schema)
+    assert keys.at([]).formula is not None and "oneOf" not in out and "anyOf" not in out
+    c = _constraint(BUILD)
+    names = list(BUILD["properties"])
+    for n in range(len(names) + 1):
+        for subset in itertools.combinations(names, n):
+            value = {k: 1 if k == "ports" else "x" for k in subset}
+            valid = jsonschema.Draft7Validator(BUILD).is_valid(value)
+            for ordered in (subset, subset[::-1]):
+                text = json.dumps({k: value[k] for k in ordered}, separators=(",", ":"))
+                assert c.accepts(text) == valid, text
+
+
+def test_a_key_that_leaves_no_way_to_close_is_refused_as_it_begins() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": INT, "b": INT, "c": INT},
+        "additionalProperties": False,
+        "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+    }
+    c = _constraint(schema)
+    assert c.accepts('{"c":1,"b":1}') and not c.accepts('{"a":1,"b":2}') and not c.accepts("{}")
+    m = _walk(c, '{"a":1,"')
+    assert m.allows(_token(c, "c")) and not m.allows(_token(c, "b"))  # b leaves no way out
+    m = _walk(c, '{"a":1,"c":2')
+    assert not m.allows(_token(c, ","))  # no key may follow that can help
+
+
+def test_a_document_in_one_token_is_checked_too() -> None:
+    (t,) = _constraint(AREA).tokenizer.encode("{}")  # one token opens and closes it
+    assert not _constraint(AREA).accepts("{}") and not _constraint(AREA).matcher().allows(t)
 
 
 def test_a_conjunct_keeping_its_required_keeps_the_others_in_schema_order() -> None:
