@@ -8,11 +8,12 @@ last letter, a number at the byte after it; `feed` fails at the byte that comple
 key fails at its closing quote when it repeats one or leaves no room under maxProperties for the
 required keys still missing, and at any byte after which no allowed key can begin with it (a
 closed object's names); the closing brace fails while a required key is missing or minProperties
-is not reached. A rule that holds only where a discriminator's value chooses its branch
+is not reached. A rule that holds only where a discriminator's value (or key) chooses its branch
 (`ObjectKeys.conditional`) is checked at the closing brace where the value is known by then;
 where it is not (the value comes after the inner object), the broken rule waits on the outer
-object, and the value's last byte fails if it is one that chooses the rule, as does that
-object's closing brace if the key never came (every instance there has it). A `trial_copy`
+object, and the value's last byte (or the key's closing quote) fails if it is one that
+chooses the rule, as does that object's closing brace if a discriminating value's key never
+came (every instance there has it); a discriminating key that never came chooses nothing. A `trial_copy`
 records its items apart, so trying a token changes nothing.
 """
 
@@ -115,10 +116,15 @@ class JsonScanner:
 
     @property
     def watching(self) -> bool:
-        """Some open container is a unique array or an object with a key rule, or the
-        document has not begun (one token may open and close it: `{}`)."""
-        if not self.stack:
-            return self.state == VALUE
+        """A token may break a rule: some open container is a unique array or an object with
+        a key rule, or, outside a string, one token may open and close one (`{}`, `[1,1]`)."""
+        return self.inside_watched or (
+            not self.in_string and (self.keys is not None or bool(self.arrays.paths))
+        )
+
+    @property
+    def inside_watched(self) -> bool:
+        """Some open container is a unique array or an object with a key rule."""
         return any(f.unique or f.rule is not None for f in self.stack)
 
     def may_repeat(self) -> bool:
@@ -263,57 +269,62 @@ class JsonScanner:
             return False
         if rule is not None and rule.formula is not None and not holds(rule.formula, keys):
             return False
-        if top.pending:  # a key a condition waits on never came, though it must be there
-            return False
-        for conditions, required in top.checks:
-            if not required <= keys and not self._defer(conditions):
+        closing = len(self.stack) - 1
+        waiting = top.pending
+        broken = [c for c, required, f in top.checks if not _kept(required, f, keys)]
+        for conditions in (*waiting, *broken):
+            if not self._wait(conditions, closing):
                 return False
         self.stack.pop()
         self.state = AFTER
         return self._completed()
 
-    def _unsettled(self, conditions: tuple[Condition, ...]) -> tuple[Condition, ...] | None:
-        """The conditions not known yet; None where one is known to fail."""
+    def _unsettled(
+        self, conditions: tuple[Condition, ...], closing: int = -1
+    ) -> tuple[Condition, ...] | None:
+        """The conditions not known yet; None where one is known to fail. On the object at
+        depth `closing`, which is closing, a key that is not there fails a presence
+        condition and holds a value condition (every instance there has that key, so its
+        absence breaks the instance, whatever the rule)."""
         left = []
         for condition in conditions:
             depth, key, values = condition
-            known = self.stack[depth].values
-            if key in known:
-                if known[key] not in values:
+            frame = self.stack[depth]
+            if values is None:
+                if key not in frame.keys:
+                    if depth == closing:
+                        return None
+                    left.append(condition)
+            elif key in frame.values:
+                if frame.values[key] not in values:
                     return None
-            else:
+            elif depth != closing:
                 left.append(condition)
         return tuple(left)
 
-    def _defer(self, conditions: tuple[Condition, ...]) -> bool:
-        """A conditional rule of the object closing now is broken: False where its
-        conditions hold (or wait on this object's own keys, which must be there by now);
-        else it waits on the deepest object whose key is not known yet."""
-        left = self._unsettled(conditions)
+    def _wait(self, conditions: tuple[Condition, ...], closing: int = -1) -> bool:
+        """A broken conditional rule: False where its conditions hold; else it waits on the
+        deepest object whose key is not known yet (none where one of them fails)."""
+        left = self._unsettled(conditions, closing)
         if left is None:
             return True
-        deepest = max((depth for depth, _, _ in left), default=len(self.stack) - 1)
-        if deepest == len(self.stack) - 1:
+        if not left:
             return False
-        frame = self.stack[deepest]
+        frame = self.stack[max(depth for depth, _, _ in left)]
         frame.pending = (*frame.pending, left)
         return True
 
+    def _settle(self, top: _Frame) -> bool:
+        """A key or a watched value of `top` just ended: the broken rules waiting on it are
+        decided (False: one of them holds) or wait on."""
+        waiting, top.pending = top.pending, ()
+        return all(self._wait(conditions) for conditions in waiting)
+
     def _watched(self, top: _Frame) -> bool:
-        """A watched key's value just ended: the rules waiting on it are decided (False: one
-        of them is broken) or wait on an outer object."""
+        """A watched key's value just ended (see `_settle`)."""
         text = bytes(self.text[top.item_start :])
         top.values = {**top.values, top.at: canonical(json.loads(text.decode()))}
-        waiting, top.pending = top.pending, ()
-        for conditions in waiting:
-            left = self._unsettled(conditions)
-            if left is None:
-                continue
-            if not left:
-                return False
-            frame = self.stack[max(depth for depth, _, _ in left)]
-            frame.pending = (*frame.pending, left)
-        return True
+        return self._settle(top)
 
     def _key(self, key: str) -> bool:
         """A key just ended: under a key rule, new and leaving room for the missing ones."""
@@ -325,6 +336,8 @@ class JsonScanner:
             return False
         top.keys = top.keys | {key}
         top.key_texts = (*top.key_texts, bytes(self.text[self.word_start :]))
+        if top.pending and not self._settle(top):
+            return False
         if top.rule.formula is None:
             return True
         pool = None if top.rule.names is None else top.rule.names - top.keys
@@ -359,6 +372,10 @@ class JsonScanner:
             top.seen.add(item)
             top.texts.append(text)
         return True
+
+
+def _kept(required: frozenset[str], formula: Any, keys: frozenset[str]) -> bool:
+    return required <= keys and (formula is None or holds(formula, keys))
 
 
 def _key_bytes(name: str) -> bytes:

@@ -12,9 +12,10 @@ path (the walk of unique_items.py: through `properties`, `patternProperties`,
 is the only one whose value there can be an object, or through every branch that admits
 them: the same definition under each). It also moves where a discriminator chooses the branch
 (a key every object there has, required by the `anyOf`'s holder or by each branch, whose
-`const` / `enum` values no two branches share): there it is checked once that key's value is
-known, at the closing brace, or, where an inner object closed first, at that value's end
-(json_scanner.py). Elsewhere (under `not`, `if`, a pattern not read as
+`const` / `enum` values no two branches share; or, where every branch that admits objects
+requires a key all the others forbid, which of those keys is there, with a rule of its own
+that one is): there it is checked once that key or value is known, at the closing brace, or,
+where an inner object closed first, at that key or value's end (json_scanner.py). Elsewhere (under `not`, `if`, a pattern not read as
 ECMA-262 reads it or an ambiguous branch, or under the target of a recursive `$ref`) it stays
 in the grammar, and so does the schema's order of that object's properties, and of those of
 every subschema joined with it (`allOf` / `anyOf` / `oneOf` members, `$ref` targets): llguidance
@@ -74,18 +75,22 @@ class KeyRule:
         )
 
 
-Check = tuple[tuple[Condition, ...], frozenset[str]]
+# (conditions, required keys, key_presence.py formula or None): a conditional rule
+Check = tuple[tuple[Condition, ...], frozenset[str], Any]
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectKeys:
     """The key rules by instance path (steps as unique_items.py's); every other object's
     keys are only kept unique. A `conditional` rule is the `required` of a subschema that
-    applies at its path where a discriminator chooses it: the object at the path's first
-    `depth` steps has the key with one of the values (each condition holding)."""
+    applies at its path where a discriminator chooses it: for each condition, the object at
+    the path's first `depth` steps has the key (with one of the values, where they are
+    given); or, where branches are chosen by which key is there, that one of them is."""
 
     rules: tuple[tuple[tuple[Step, ...], KeyRule], ...] = ()
-    conditional: tuple[tuple[tuple[Step, ...], tuple[Condition, ...], frozenset[str]], ...] = ()
+    conditional: tuple[
+        tuple[tuple[Step, ...], tuple[Condition, ...], frozenset[str], Any], ...
+    ] = ()
 
     def at(self, path: list[Any]) -> KeyRule:
         found = KeyRule()
@@ -95,16 +100,16 @@ class ObjectKeys:
         return found
 
     def conditional_at(self, path: list[Any]) -> tuple[Check, ...]:
-        """The conditional rules of the object at `path`: (conditions, required keys)."""
-        return tuple((c, r) for pattern, c, r in self.conditional if matches(pattern, path))
+        """The conditional rules of the object at `path`."""
+        return tuple((c, r, f) for pattern, c, r, f in self.conditional if matches(pattern, path))
 
     def watched_at(self, path: list[Any]) -> frozenset[str]:
         """The keys of the object at `path` whose values some condition reads."""
         return frozenset(
             key
-            for pattern, conditions, _ in self.conditional
-            for depth, key, _ in conditions
-            if depth == len(path) and matches(pattern[:depth], path)
+            for pattern, conditions, _, _ in self.conditional
+            for depth, key, values in conditions
+            if values is not None and depth == len(path) and matches(pattern[:depth], path)
         )
 
 
@@ -120,12 +125,14 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
             formulas[id(s)] = disjunction_formula(schema, s)
         return formulas[id(s)]
 
+    also: list[Any] = []  # "one of these keys is there", where such keys choose a branch
     exact = exact_nodes(
         schema,
         lambda s: _has_rule(s) or formula(s) is not None,
         "object",
         discriminate=True,
         aside=lambda s: formula(s) is not None,
+        also=also,
     )
     # where its anyOf / oneOf say only which keys are there, and it holds at fixed paths
     dropped = frozenset(
@@ -138,10 +145,10 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
         if not conditions
     )
     conditional = tuple(
-        (path, conditions, _rule(node).required)
+        (path, conditions, _rule(node).required, None)
         for node, (path, conditions) in sorted(placed, key=lambda p: repr(p[1]))
         if conditions and _has_required(node)
-    )
+    ) + tuple((path, conditions, frozenset(), some) for path, conditions, some in also)
     ordered, alone = _ordered(schema, frozenset(exact), dropped)
     out = _copy(schema, frozenset(exact), ordered, alone, dropped)
     return None if out == schema else (out, ObjectKeys(rules, conditional))

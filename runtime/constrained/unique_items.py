@@ -39,8 +39,8 @@ MAX_CHAINS = 256  # disjunction chains merged for one subschema at one path
 FREE = "free"  # the chain of a subschema under an anyOf that admits every instance anyway
 MAX_HOPS = 64  # $refs, conjuncts, branches and steps followed to type a value inside a branch
 # (depth, key, values): the object at the path's first `depth` steps has `key`, with one of
-# these values (canonical()); a path with its conditions (all must hold)
-Condition = tuple[int, str, frozenset[Any]]
+# these values (canonical(); None: any value); a path with its conditions (all must hold)
+Condition = tuple[int, str, "frozenset[Any] | None"]
 Placement = tuple[tuple[Step, ...], tuple[Condition, ...]]
 
 
@@ -68,6 +68,7 @@ def exact_nodes(
     kind: str,
     discriminate: bool = False,
     aside: Callable[[dict[str, Any]], bool] | None = None,
+    also: list[tuple[tuple[Step, ...], tuple[Condition, ...], Any]] | None = None,
 ) -> dict[int, tuple[dict[str, Any], list[Placement]]]:
     """The subschemas `wanted` picks that apply to every instance of type `kind` at each
     instance path they are reached at (by id(): the subschema and those paths); none where
@@ -80,7 +81,9 @@ def exact_nodes(
     Each path comes with the conditions it applies under: none, or (`discriminate`) the
     discriminator values that choose each branch passed where another could also be taken
     (`_Walk.conditions`). The `anyOf` / `oneOf` of a subschema `aside` picks are not walked
-    (a caller that enforces them otherwise where that subschema is exact)."""
+    (a caller that enforces them otherwise where that subschema is exact). Where a branch is
+    chosen by which key the object has, `also` receives the rule that one of the branches'
+    keys is there: (path, conditions, key_presence.py formula)."""
     if not isinstance(schema, dict):
         return {}
     walk = _Walk(schema, wanted, aside or (lambda _: False))
@@ -103,6 +106,8 @@ def exact_nodes(
             placements += [(path, conditions) for conditions in placed]
         else:
             found[node_id] = (walk.nodes[node_id], placements)
+    if also is not None:
+        also.extend(walk.also)
     return found
 
 
@@ -136,6 +141,9 @@ class _Walk(SchemaLogic):
         self.recursive_refs: set[str] = set()  # $refs met again inside their own target
         self.branches: dict[int, list[Any]] = {}  # each anyOf / oneOf passed, by id()
         self.holders: dict[int, dict[str, Any]] = {}  # the subschema each is a keyword of
+        self.presence: dict[int, dict[int, str] | None] = {}  # by the list's id()
+        # rules met on the way, (path, conditions, formula): "one of these keys is there"
+        self.also: dict[tuple[tuple[Step, ...], tuple[Condition, ...], Any], None] = {}
         self.branch_types: dict[int, tuple[frozenset[str], ...]] = {}  # by the list's id()
         self.shapes: dict[int, _Shape] = {}
 
@@ -253,7 +261,8 @@ class _Walk(SchemaLogic):
         can have the type the path needs there (an object before a key, an array before an
         index, `kind` at the end); else (`discriminate`) the value of a key that every
         instance there has, which that branch lists apart from every other one that could
-        be taken. None where some branch is not chosen so."""
+        be taken, or the presence of a key that it requires and the others forbid
+        (`presence_keys`). None where some branch is not chosen so."""
         if chain is None:
             return None
         out = []
@@ -269,10 +278,39 @@ class _Walk(SchemaLogic):
                 continue
             if not discriminate or need != "object":
                 return None
-            if (found := self.discriminator(where, taken, others)) is None:
+            if (found := self.discriminator(where, taken, others)) is not None:
+                out.append((depth, *found))
+            elif (keys := self.presence_keys(where)) is not None and taken in keys:
+                # the object has one of these keys: a rule of its own, wherever the
+                # disjunction applies (so under the conditions met on the way to it)
+                some = ("any", tuple(("has", k) for k in keys.values()))
+                self.also[(path[:depth], tuple(out), some)] = None
+                out.append((depth, keys[taken], None))
+            else:
                 return None
-            out.append((depth, *found))
         return tuple(out)
+
+    def presence_keys(self, where: int) -> dict[int, str] | None:
+        """For each branch of the disjunction that admits objects, a key it requires and
+        every other one forbids (so an object takes the branch whose key it has, and has
+        one); None where some branch has none."""
+        if where in self.presence:
+            return self.presence[where]
+        branches, types = self.branches[where], self.branch_types[where]
+        objects = {j: self.resolve(b, 0) for j, b in enumerate(branches) if "object" in types[j]}
+        keys: dict[int, str] | None = {}
+        for j, branch in objects.items():
+            mine = [
+                k
+                for k in _required(branch)
+                if all(_forbids(other, k) for i, other in objects.items() if i != j)
+            ]
+            if not mine or keys is None:
+                keys = None
+                break
+            keys[j] = mine[0]
+        self.presence[where] = keys
+        return keys
 
     def discriminator(self, where: int, taken: int, others: list[int]) -> Any:
         """(key, values): a key every instance of the disjunction's object has (its holder,
@@ -347,6 +385,16 @@ class _Walk(SchemaLogic):
 
 def _required(s: Any) -> list[Any]:
     return as_list(s.get("required")) if isinstance(s, dict) else []
+
+
+def _forbids(s: Any, key: str) -> bool:
+    """No instance of `s` has `key` (a property that is false, or a closed object without
+    patterns that does not list it)."""
+    if not isinstance(s, dict):
+        return s is False
+    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    closed = s.get("additionalProperties") is False and not s.get("patternProperties")
+    return props.get(key) is False or (closed and key not in props)
 
 
 def _within(reduced: tuple[Any, ...], chain: tuple[Any, ...]) -> bool:

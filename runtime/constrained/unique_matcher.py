@@ -43,6 +43,7 @@ class TokenBytes:
         self.has_quote = quotes > 0
         self.has_backslash = np.array([b"\\" in b for b in token_bytes], dtype=bool)
         self.may_end = (quotes > 1) | ends
+        self.opens = np.array([b"{" in b or b"[" in b for b in token_bytes], dtype=bool)
         self.id_of = {b: i for i, b in enumerate(token_bytes) if b}
 
     def prefixes(self, rests: list[bytes]) -> list[int]:
@@ -147,6 +148,8 @@ class BesideMatcher:
         # the tokens that may be refused: those that can close a string, end a value or
         # begin a key, and those that begin what is left of an earlier item or key
         near = tokens.has_quote if scanner.in_string else tokens.may_end
+        if not scanner.inside_watched:  # only a token that opens a container may break one
+            near = tokens.opens
         if scanner.state == KEY_START:
             near = near | tokens.has_quote
         if prefixes := tokens.prefixes(scanner.rests()):  # see refuses()

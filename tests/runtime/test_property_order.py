@@ -192,7 +192,7 @@ def test_a_branch_chosen_by_a_value_keeps_its_keys_in_any_order() -> None:
     schema = {"anyOf": [PING, CALL]}
     _, keys = any_order(schema)
     assert not keys.at([]).required and not keys.at(["params"]).required
-    (conditions, required), *_ = keys.conditional_at(["params"])
+    (conditions, required, _), *_ = keys.conditional_at(["params"])
     assert conditions == ((0, "method", frozenset({("string", "call")})),)
     assert required == {"name", "args"} and keys.watched_at([]) == {"method"}
     c = _constraint(schema)
@@ -241,6 +241,65 @@ def test_a_branch_chosen_by_its_holders_required_key() -> None:
     assert not c.accepts('{"type":"shape","shape":{"type":"Line"}}')
     assert not c.accepts('{"type":"shape"}')
     assert not c.accepts('{"shape":{"coordinates":1,"type":"Point"}}')
+
+
+OBJECT = {"type": "object"}
+MOUNT = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "object",
+            "properties": {
+                "local": STR,
+                "container": STR,
+                "type": {"enum": ["local"]},
+                "opts": {**OBJECT, "required": ["ro"]},
+            },
+            "required": ["local", "container"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "name": STR,
+                "container": STR,
+                "type": {"enum": ["cache"]},
+                "opts": OBJECT,
+            },
+            "required": ["type", "name", "container"],
+            "additionalProperties": False,
+        },
+    ]
+}
+
+
+def test_a_branch_chosen_by_which_key_is_there_keeps_its_keys_in_any_order() -> None:
+    """Closed object branches told apart by a key each requires and the other does not list
+    (a volume mount from a local path or a named cache): the key's presence chooses the
+    branch, and the object must have one of those keys. Every set of keys, in both orders, is
+    decided as jsonschema decides it."""
+    schema = {"type": "array", "items": MOUNT}
+    _, keys = any_order(schema)
+    checks = keys.conditional_at([0])
+    assert ((), frozenset(), ("any", (("has", "local"), ("has", "name")))) in checks
+    assert (((1, "local", None),), frozenset({"local", "container"}), None) in checks
+    c = _constraint(schema)
+    names = ["local", "name", "container", "type"]
+    for n in range(len(names) + 1):
+        for subset in itertools.combinations(names, n):
+            for kind in ("local", "cache") if "type" in subset else ("",):
+                item = {k: kind if k == "type" else "x" for k in subset}
+                valid = jsonschema.Draft7Validator(schema).is_valid([item])
+                for ordered in (subset, subset[::-1]):
+                    text = json.dumps([{k: item[k] for k in ordered}], separators=(",", ":"))
+                    assert c.accepts(text) == valid, text
+    # an inner object closed before the key that chooses its rule: checked when it comes
+    assert c.accepts('[{"opts":{},"container":"c","type":"cache","name":"n"}]')
+    assert c.accepts('[{"opts":{"ro":1},"container":"c","local":"l"}]')
+    assert not c.accepts('[{"opts":{},"container":"c","local":"l"}]')
+    m = _walk(c, '[{"opts":{},"container":"c","')
+    assert m.allows(_token(c, "name"))  # the cache branch is still open
+    assert not c.accepts('[{"opts":{},"local":"l","container":"c"}]')
 
 
 def test_branches_whose_values_overlap_keep_their_required_in_the_grammar() -> None:
