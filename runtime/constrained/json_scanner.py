@@ -11,9 +11,9 @@ closed object's names); the closing brace fails while a required key is missing 
 is not reached. A rule that holds only where a discriminator's value (or key) chooses its branch
 (`ObjectKeys.conditional`) is checked at the closing brace where the value is known by then;
 where it is not (the value comes after the inner object), the broken rule waits on the outer
-object, and the value's last byte (or the key's closing quote) fails if it is one that
-chooses the rule, as does that object's closing brace if a discriminating value's key never
-came (every instance there has it); a discriminating key that never came chooses nothing. A `trial_copy`
+object, and the value's last byte (or the key's closing quote) fails if it is one that chooses
+the rule, as does that object's closing brace if a discriminating value's key never came (every
+instance there has it); a discriminating key that never came chooses nothing. A `trial_copy`
 records its items apart, so trying a token changes nothing.
 """
 

@@ -8,26 +8,28 @@ while a `required` key is missing, min/maxProperties counted as before.
 
 A `required` moves beside the grammar only where it applies to every object at some instance
 path (the walk of unique_items.py: through `properties`, `patternProperties`,
-`additionalProperties`, `items`, `allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that
-is the only one whose value there can be an object, or through every branch that admits
-them: the same definition under each). It also moves where a discriminator chooses the branch
-(a key every object there has, required by the `anyOf`'s holder or by each branch, whose
-`const` / `enum` values no two branches share; or, where every branch that admits objects
-requires a key all the others forbid, which of those keys is there, with a rule of its own
-that one is): there it is checked once that key or value is known, at the closing brace, or,
-where an inner object closed first, at that key or value's end (json_scanner.py). Elsewhere (under `not`, `if`, a pattern not read as
-ECMA-262 reads it or an ambiguous branch, or under the target of a recursive `$ref`) it stays
-in the grammar, and so does the schema's order of that object's properties, and of those of
-every subschema joined with it (`allOf` / `anyOf` / `oneOf` members, `$ref` targets): llguidance
-emits an object's listed properties before its patterned ones, and required patterned keys
-first, so a mix would refuse the schema's own order. An object with its own
-`patternProperties` that match a listed name (llguidance refuses overlapping patterns) or
-with `unevaluatedProperties`, or with a name that JSON writes with an escape, keeps its listed
+`additionalProperties`, `items`, `allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that is
+the only one whose value there can be an object, or through every branch that admits them: the
+same definition under each). It also moves where a discriminator chooses the branch (a key every
+object there has, required by the `anyOf`'s holder or by each branch, whose `const` / `enum`
+values no two branches share; or, where every branch that admits objects requires a key all the
+others forbid, which of those keys is there, with a rule of its own that one is): there it is
+checked once that key or value is known, at the closing brace, or, where an inner object closed
+first, at that key or value's end (json_scanner.py). Elsewhere (under `not`, `if`, a pattern not
+read as ECMA-262 reads it or an ambiguous branch, or under the target of a recursive `$ref`:
+a root that refers to itself is unrolled once first, so its own level is not) it stays in the
+grammar, and so does the schema's order of that object's properties, and of those
+of every subschema joined with it (`allOf` / `anyOf` / `oneOf` members, `$ref` targets):
+llguidance emits an object's listed properties before its patterned ones, and required patterned
+keys first, so a mix would refuse the schema's own order. An object with its own
+`patternProperties` that match a listed name (llguidance refuses overlapping patterns) or with
+`unevaluatedProperties`, or with a name that JSON writes with an escape, keeps its listed
 properties in the schema's order too.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,8 @@ from typing import Any
 from ...lang.sampling_table import PROPERTY_ORDERS
 from .key_presence import disjunction_formula
 from .schema_logic import DATA_KEYWORDS, as_list, asserted, ecma_regex, pointer
+from .schema_refs import unrolled_root
+from .schema_rewrite import MAX_GROWTH
 from .unique_items import Condition, Step, exact_nodes, matches
 
 # Keywords whose values map names (not keywords) to subschemas.
@@ -115,9 +119,14 @@ class ObjectKeys:
 
 def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
     """(`schema` with its objects' properties as patterns and the exactly placed ones'
-    `required` left out, the key rules), or None where no object changes."""
+    `required` left out, the key rules), or None where no object changes. A root that
+    refers to itself is unrolled once first (schema_refs.unrolled_root), so that its own
+    objects, reached at fixed paths, keep their keys in any order."""
     if not isinstance(schema, dict):
         return None
+    max_chars = MAX_GROWTH * len(json.dumps(schema)) + 4096
+    if (unrolled := unrolled_root(schema, max_chars)) is not None:
+        schema = unrolled
     formulas: dict[int, Any] = {}
 
     def formula(s: dict[str, Any]) -> Any:

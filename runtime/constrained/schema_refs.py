@@ -121,3 +121,76 @@ def _refs_in(node: Any) -> set[str]:
                 out.add(ref)
             stack += [v for k, v in n.items() if k not in DATA_KEYWORDS]
     return out
+
+
+_BASE_KEYS = frozenset({"$schema", "$id", "id"})
+
+
+def unrolled_root(root: Any, max_chars: int) -> dict[str, Any] | None:
+    """`root` with its first level unrolled, where it refers to itself (`"$ref": "#"`): every
+    such reference goes to a copy of the root among the definitions, and the root itself has
+    a copy of each definition it refers to in place of the reference (a cycle back to one
+    being copied stays a reference). The same instances pass; what the top level says then
+    applies at its own instance paths only, so the keys it requires can be checked at them
+    (property_order.py). None where the root does not refer to itself, a reference points
+    into the root other than at its definitions, or the copies pass max_chars characters."""
+    if not isinstance(root, dict) or "#" not in _cyclic_refs(root):
+        return None
+    defs_key = "definitions" if isinstance(root.get("definitions"), dict) else "$defs"
+    defs = root.get(defs_key, {})
+    if not isinstance(defs, dict) or any(
+        not ref.startswith((f"#/{defs_key}/", "#/definitions/", "#/$defs/")) and ref != "#"
+        for ref in _refs_in(root)
+    ):
+        return None
+    fresh = next(f"root{i}" for i in range(len(defs) + 1) if f"root{i}" not in defs)
+    home = f"#/{defs_key}/{fresh}"
+    redirected = _redirect(root, home)
+    body = {k: v for k, v in redirected.items() if k not in _BASE_KEYS and k != defs_key}
+    document = {**redirected, defs_key: {**redirected.get(defs_key, {}), fresh: body}}
+    try:
+        top = _Copier(document, max_chars).copy(body, frozenset({home}))
+    except TooLarge:
+        return None
+    base = {k: v for k, v in redirected.items() if k in _BASE_KEYS}
+    return {**base, **top, defs_key: document[defs_key]}
+
+
+def _redirect(node: Any, home: str) -> Any:
+    """`node` with each `"$ref": "#"` pointing at `home`."""
+    if isinstance(node, list):
+        return [_redirect(v, home) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: v if k in DATA_KEYWORDS else _redirect(v, home) for k, v in node.items()}
+    if out.get("$ref") == "#":
+        out["$ref"] = home
+    return out
+
+
+class _Copier:
+    """Copies of subschemas with their local references replaced by copies of the targets,
+    but on a cycle; raises TooLarge once the copies pass max_chars characters."""
+
+    def __init__(self, document: Any, max_chars: int) -> None:
+        self.document, self.chars_left = document, max_chars
+
+    def copy(self, node: Any, within: frozenset[str]) -> Any:
+        if isinstance(node, list):
+            return [self.copy(v, within) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: v if k in DATA_KEYWORDS else self.copy(v, within) for k, v in node.items()}
+        ref = out.get("$ref")
+        target = pointer(self.document, ref) if isinstance(ref, str) else None
+        if not isinstance(target, dict) or ref in within or _new_base(target):
+            return out
+        self.chars_left -= len(json.dumps(target))
+        if self.chars_left < 0:
+            raise TooLarge(ref)
+        inlined = self.copy(target, within | {ref})
+        rest = {k: v for k, v in out.items() if k != "$ref"}
+        if not any(k in ASSERTIONS for k in rest):
+            return inlined
+        members = rest["allOf"] if isinstance(rest.get("allOf"), list) else []
+        return {**rest, "allOf": [*members, inlined]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 import jsonschema
@@ -15,6 +16,7 @@ import pytest
 import stemma
 from stemma.runtime.constrained.llguidance_grammar import grammar_texts
 from stemma.runtime.constrained.property_order import any_order
+from stemma.runtime.constrained.schema_refs import unrolled_root
 from stemma.runtime.constrained.schema_rewrite import rewrite_schema
 from stemma.runtime.constrained.spec import ConstraintSpec
 
@@ -30,6 +32,10 @@ CLOSED = {
     "required": ["b"],
     "additionalProperties": False,
 }
+
+
+def _valid(schema: Any, value: Any) -> bool:
+    return jsonschema.Draft7Validator(schema).is_valid(value)
 
 
 def _constraint(schema: Any, order: str = "any") -> stemma.Constraint:
@@ -300,6 +306,47 @@ def test_a_branch_chosen_by_which_key_is_there_keeps_its_keys_in_any_order() -> 
     m = _walk(c, '[{"opts":{},"container":"c","')
     assert m.allows(_token(c, "name"))  # the cache branch is still open
     assert not c.accepts('[{"opts":{},"local":"l","container":"c"}]')
+
+
+TREE = {
+    "type": "object",
+    "required": ["kind"],
+    "properties": {
+        "kind": STR,
+        "size": {"$ref": "#/definitions/size"},
+        "children": {"type": "array", "items": {"$ref": "#"}},
+    },
+    "definitions": {"size": {"type": "object", "properties": {"w": INT}, "required": ["w"]}},
+}
+
+
+def test_a_root_that_refers_to_itself_is_unrolled_once() -> None:
+    """The root of a tree is reached again under its children, at paths without end: its
+    first level becomes a copy with the definitions it uses copied in, and the references
+    go to a copy of the root among the definitions. The same instances pass, and the top
+    level's keys come in any order (deeper levels keep the schema's order)."""
+    unrolled = unrolled_root(TREE, 100_000)
+    assert unrolled["properties"]["children"]["items"] == {"$ref": "#/definitions/root0"}
+    assert unrolled["properties"]["size"] == TREE["definitions"]["size"]  # a copy in place
+    assert "#" not in {ref for ref in re.findall(r'"\$ref": "([^"]*)"', json.dumps(unrolled))}
+    instances = [
+        {"kind": "a"},
+        {"kind": "a", "children": [{"kind": "b", "size": {"w": 1}}]},
+        {"kind": "a", "children": [{"kind": "b", "children": [{}]}]},
+        {"children": []},
+        {"kind": "a", "size": {}},
+    ]
+    for value in instances:
+        assert _valid(unrolled, value) == _valid(TREE, value), value
+    assert unrolled_root({"type": "object", "properties": {"a": INT}}, 100_000) is None
+    assert unrolled_root(TREE, 10) is None  # copies past the size bound: left as written
+    _, keys = any_order(TREE)
+    assert keys.at([]).required == {"kind"} and keys.at(["size"]).required == {"w"}
+    c = _constraint(TREE)
+    assert c.accepts('{"size":{"w":1},"children":[],"kind":"a"}')
+    assert c.accepts('{"children":[{"kind":"b","children":[]}],"kind":"a"}')
+    assert not c.accepts('{"children":[],"size":{"w":1}}')
+    assert not c.accepts('{"kind":"a","children":[{"children":[]}]}')
 
 
 def test_branches_whose_values_overlap_keep_their_required_in_the_grammar() -> None:
