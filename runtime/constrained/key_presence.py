@@ -28,9 +28,9 @@ def disjunction_formula(root: Any, s: dict[str, Any]) -> Formula | None:
     """The formula the `anyOf` / `oneOf` of `s` say, where `s` admits only objects (which
     may be theirs to say: without them, `s` says `"type": "object"`) and they say only which
     keys are there; None elsewhere."""
-    if SchemaLogic(root).types(s, 0) != {"object"}:
-        return None
     parts = [{key: s[key]} for key in ("anyOf", "oneOf") if isinstance(s.get(key), list)]
+    if not parts or SchemaLogic(root).types(s, 0) != {"object"}:
+        return None
     formulas = [presence(root, part, 0) for part in parts]
     if not formulas or None in formulas:
         return None

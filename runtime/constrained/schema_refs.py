@@ -134,7 +134,7 @@ def unrolled_root(root: Any, max_chars: int) -> dict[str, Any] | None:
     applies at its own instance paths only, so the keys it requires can be checked at them
     (property_order.py). None where the root does not refer to itself, a reference points
     into the root other than at its definitions, or the copies pass max_chars characters."""
-    if not isinstance(root, dict) or "#" not in _cyclic_refs(root):
+    if not isinstance(root, dict) or "#" not in _refs_in(root):  # on a cycle, where it is
         return None
     defs_key = "definitions" if isinstance(root.get("definitions"), dict) else "$defs"
     defs = root.get(defs_key, {})
