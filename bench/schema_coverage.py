@@ -7,8 +7,11 @@ valid. Per group and total: schemas ok, refused (by reason), valid instances ref
 instances accepted, compile p50/p90/max. Systems: stemma with each grammar backend (through
 stemma.Constraint, compiles bounded by the service's time limit; `stemma-llguidance-any`:
 property_order "any", keys in any order), and llguidance / xgrammar alone as references.
-Each system runs in a worker process; a schema running past --schema-timeout-s (compile and
-tests) kills the worker and counts as "timeout".
+Each system runs in a worker process, the systems interleaved schema by schema (the first
+system rotating), so a noisy machine slows them alike; a schema running past
+--schema-timeout-s (compile and tests) kills the worker and counts as "timeout". Besides the
+groups and the total, the row "common" takes the schemas every system in the run compiled:
+compile times over the same schemas, where the total's percentiles range over different ones.
 
     python -m stemma.bench.schema_coverage --data ../shared/data/jsonschemabench/sample.jsonl
 """
@@ -219,17 +222,36 @@ def summarize(system: str, group: str, results: list[dict[str, Any]]) -> dict[st
     }
 
 
-def run_system(system: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict]:
-    runner = _Runner(system, args.compile_timeout_s, args.schema_timeout_s)
-    results = []
+def run_systems(systems: list[str], rows: list[dict[str, Any]], args: Any) -> list[dict]:
+    """Every system over every row, interleaved row by row; the summary rows."""
+    runners = [_Runner(s, args.compile_timeout_s, args.schema_timeout_s) for s in systems]
+    results: list[list[dict[str, Any]]] = [[] for _ in systems]
     try:
-        for row in rows:
-            results.append({"group": row["group"], **runner.run(row["schema"], row["tests"])})
+        for i, row in enumerate(rows):
+            for k in range(len(systems)):
+                j = (i + k) % len(systems)
+                results[j].append(
+                    {"group": row["group"], **runners[j].run(row["schema"], row["tests"])}
+                )
     finally:
-        runner.close()
-    groups = sorted({r["group"] for r in results})
-    out = [summarize(system, g, [r for r in results if r["group"] == g]) for g in groups]
-    return [*out, summarize(system, "total", results)]
+        for runner in runners:
+            runner.close()
+    return summaries(systems, results)
+
+
+def summaries(systems: list[str], results: list[list[dict[str, Any]]]) -> list[dict]:
+    """Per system: a row per group, the total, and "common" (the schemas, by position, that
+    every system compiled)."""
+    common = [
+        i for i in range(len(results[0])) if all(r[i]["status"] == "compiled" for r in results)
+    ]
+    out = []
+    for system, mine in zip(systems, results):
+        groups = sorted({r["group"] for r in mine})
+        out += [summarize(system, g, [r for r in mine if r["group"] == g]) for g in groups]
+        out.append(summarize(system, "total", mine))
+        out.append(summarize(system, "common", [mine[i] for i in common]))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -246,12 +268,10 @@ def main(argv: list[str] | None = None) -> None:
     systems = [s for s in args.systems.split(",") if s]
     if unknown := set(systems) - set(SYSTEMS):
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
-    summary: list[dict[str, Any]] = []
-    for system in systems:
-        summary += run_system(system, rows, args)
+    summary = run_systems(systems, rows, args)
     columns = ["system", "group", "schemas", "ok", "refused", "wrong", "valid_refused"]
     columns += ["invalid_accepted", "compile_p50_ms", "compile_p90_ms", "compile_max_ms"]
-    print_table([r for r in summary if r["group"] == "total"], columns)
+    print_table([r for r in summary if r["group"] in ("total", "common")], columns)
     if not args.no_record:
         versions = {
             p: importlib.metadata.version(p) for p in ("llguidance", "xgrammar", "outlines_core")

@@ -3,7 +3,7 @@ wrong schemas, compile percentiles)."""
 
 from __future__ import annotations
 
-from stemma.bench.schema_coverage import compact, reason_of, summarize
+from stemma.bench.schema_coverage import compact, reason_of, summaries, summarize
 
 
 def test_reason_labels_name_the_keyword_or_the_limit() -> None:
@@ -40,3 +40,19 @@ def test_summary_counts_ok_refused_wrong_and_percentiles() -> None:
 
 def test_instances_are_serialized_compactly() -> None:
     assert compact({"a": [1, "é"], "b": None}) == '{"a":[1,"é"],"b":null}'
+
+
+def test_common_rows_take_the_schemas_every_system_compiled() -> None:
+    def compiled(ms: float) -> dict:
+        return {"group": "g", "status": "compiled", "compile_s": ms / 1000} | {
+            "valid_refused": 0,
+            "invalid_accepted": 0,
+        }
+
+    refused = {"group": "g", "status": "refused", "reason": "not", "error": "..."}
+    a = [compiled(1.0), compiled(2.0), compiled(50.0)]  # compiles the hard third schema
+    b = [compiled(1.5), compiled(2.5), refused]
+    rows = {(r["system"], r["group"]): r for r in summaries(["a", "b"], [a, b])}
+    assert rows["a", "total"]["compile_max_ms"] == 50.0 and rows["a", "total"]["schemas"] == 3
+    assert rows["a", "common"]["schemas"] == 2 and rows["a", "common"]["compile_max_ms"] == 2.0
+    assert rows["b", "common"]["schemas"] == 2 and rows["b", "common"]["compile_max_ms"] == 2.5
