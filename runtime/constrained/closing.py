@@ -27,6 +27,7 @@ be without early closing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,9 @@ class Nesting:
     escaped: bool = False
 
     def feed(self, text: str) -> Nesting:
+        return _fed(self, text)
+
+    def _feed(self, text: str) -> Nesting:
         depth, in_string, escaped = self.depth, self.in_string, self.escaped
         for ch in text:
             if in_string:
@@ -78,15 +82,23 @@ class Nesting:
         return self.depth + self.in_string + self.escaped
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _fed(nesting: Nesting, text: str) -> Nesting:
+    """Nesting.feed, remembered: a search feeds the same few texts at the same few depths."""
+    return nesting._feed(text)
+
+
 @dataclass(slots=True, frozen=True)
 class ClosingTokens:
     """The model's ids for the closing texts and its one-character tokens, with their text."""
 
     closing: np.ndarray  # ids, in priority order
-    short: np.ndarray  # ids
-    short_class: np.ndarray  # per short token: its character class (see `_char_class`)
+    short: np.ndarray  # ids, by character class (see `_char_class`), then id
+    short_class: np.ndarray  # per short token: its character class
     texts: dict[int, str]
     vocab_size: int
+    words: np.ndarray  # of the closing then the short tokens: each one's mask word
+    shifts: np.ndarray  # and its bit in it
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer) -> ClosingTokens:
@@ -98,22 +110,28 @@ class ClosingTokens:
         texts = {t: tokenizer.decode([t]) for t in range(tokenizer.vocab_size)}
         short = [t for t, text in texts.items() if t not in closing and len(text) == 1]
         kept = {t: texts[t] for t in (*closing, *short)}
+        short.sort(key=lambda t: (_char_class(texts[t]), t))
         ids = np.array(closing, dtype=np.int64), np.array(short, dtype=np.int64)
         classes = np.array([_char_class(texts[t]) for t in short], dtype=np.int64)
-        return cls(*ids, classes, kept, tokenizer.vocab_size)
+        every = np.concatenate(ids)
+        shifts = (every & 31).astype(np.uint32)
+        return cls(*ids, classes, kept, tokenizer.vocab_size, every >> 5, shifts)
 
     def allowed(self, m: GrammarMatcher, row: np.ndarray) -> list[int]:
         """The closing tokens `m` allows, then its first allowed short token of each character
-        class: one mask."""
+        class (by class): one mask."""
         m.fill_mask(row)
-        bits = row.view(np.uint32)
-
-        def keep(ids: np.ndarray) -> np.ndarray:
-            return (bits[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1
-
-        short = keep(self.short)
-        _, first = np.unique(self.short_class[short], return_index=True)
-        return self.closing[keep(self.closing)].tolist() + self.short[short][first].tolist()
+        on = (row.view(np.uint32)[self.words] >> self.shifts) & 1
+        num_closing = len(self.closing)
+        closing = self.closing[on[:num_closing] == 1]
+        allowed = np.flatnonzero(on[num_closing:])
+        classes = self.short_class[allowed]
+        first = (
+            allowed[np.concatenate(([True], classes[1:] != classes[:-1]))]
+            if allowed.size
+            else allowed
+        )
+        return closing.tolist() + self.short[first].tolist()
 
 
 def _char_class(text: str) -> int:

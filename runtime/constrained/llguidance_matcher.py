@@ -88,10 +88,11 @@ class LLGuidanceMatcher:
         num_words = (self.vocab_size + 31) // 32
         if target.shape[-1] < num_words:
             raise ValueError(f"bitmask row of {target.shape[-1]} words cannot hold the vocabulary")
-        target[:] = 0
         if self.is_terminated:
+            target[:] = 0
             return
-        self._m.unsafe_compute_mask_ptr(target.ctypes.data, num_words * 4)
+        target[num_words:] = 0
+        self._m.unsafe_compute_mask_ptr(target.ctypes.data, num_words * 4)  # every word of it
         bits = target.view(np.uint32)
         for token_id in self.eos_token_ids:
             bits[token_id // 32] &= ~np.uint32(1 << (token_id % 32))
