@@ -122,6 +122,15 @@ class JsonScanner:
             not self.in_string and (self.keys is not None or bool(self.arrays.paths))
         )
 
+    def structural_only(self) -> bool:
+        """Outside strings, only a token with a quote, a comma or a closing bracket can fail
+        now: no unique array is open (whose items end at any byte after them) and no value
+        whose key a condition watches is under way (nor about to begin)."""
+        if any(f.unique for f in self.stack):
+            return False
+        top = self.stack[-1] if self.stack else None
+        return top is None or top.is_array or top.at not in top.watch or self.state == AFTER
+
     @property
     def inside_watched(self) -> bool:
         """Some open container is a unique array or an object with a key rule."""

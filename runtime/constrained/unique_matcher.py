@@ -25,12 +25,11 @@ if TYPE_CHECKING:
 MAX_LOOKAHEAD = 64  # tokens tried after a token that could lead only to repeats
 
 
-def _allowed_ids(matcher: Any, vocab_size: int) -> list[int]:
+def _allowed_ids(matcher: Any, vocab_size: int) -> np.ndarray:
     """The ids an llguidance LLMatcher allows next."""
     words = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
     matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
-    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size]
-    return np.flatnonzero(bits).tolist()
+    return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size])
 
 
 class TokenBytes:
@@ -43,7 +42,12 @@ class TokenBytes:
         self.has_quote = quotes > 0
         self.has_backslash = np.array([b"\\" in b for b in token_bytes], dtype=bool)
         self.may_end = (quotes > 1) | ends
-        self.opens = np.array([b"{" in b or b"[" in b for b in token_bytes], dtype=bool)
+        # a quote, a comma or a closing bracket: what ends a key or an object
+        self.structural = np.array([any(c in b for c in b'",]}') for b in token_bytes])
+        # the tokens that open a container: outside every watched one, only they may break
+        # a rule, by closing it in the same token (`{}`) or writing a key in it
+        self.opens = np.flatnonzero([b"{" in b or b"[" in b for b in token_bytes])
+        self.opens_word, self.opens_bit = self.opens >> 5, (self.opens & 31).astype(np.uint32)
         self.id_of = {b: i for i, b in enumerate(token_bytes) if b}
 
     def prefixes(self, rests: list[bytes]) -> list[int]:
@@ -103,7 +107,8 @@ class BesideMatcher:
             return False
         eos = self.inner.eos_token_ids
         return all(
-            t not in eos and not trial.trial_copy().feed(self.tokens.bytes[t]) for t in allowed
+            t not in eos and not trial.trial_copy().feed(self.tokens.bytes[t])
+            for t in allowed.tolist()
         )
 
     def allows(self, token_id: int) -> bool:
@@ -143,13 +148,22 @@ class BesideMatcher:
             return
         words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
         target = (words if row is None else words[row]).view(np.uint32)
+        eos = self.inner.eos_token_ids
+        if not scanner.inside_watched:  # only a token that opens a container may break one
+            on = (target[tokens.opens_word] >> tokens.opens_bit) & 1
+            for token_id in tokens.opens[on == 1].tolist():
+                if token_id not in eos and self.refuses(token_id):
+                    target[token_id // 32] &= ~np.uint32(1 << (token_id % 32))
+            _end_if_empty(target, eos)
+            return
         bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: len(tokens.bytes)]
         allowed = bits.astype(bool)
         # the tokens that may be refused: those that can close a string, end a value or
         # begin a key, and those that begin what is left of an earlier item or key
-        near = tokens.has_quote if scanner.in_string else tokens.may_end
-        if not scanner.inside_watched:  # only a token that opens a container may break one
-            near = tokens.opens
+        if scanner.in_string:
+            near = tokens.has_quote
+        else:
+            near = tokens.structural if scanner.structural_only() else tokens.may_end
         if scanner.state == KEY_START:
             near = near | tokens.has_quote
         if prefixes := tokens.prefixes(scanner.rests()):  # see refuses()
@@ -160,16 +174,12 @@ class BesideMatcher:
             # none of them is refused outright, the others are tried
             keep = tokens.has_quote | tokens.has_backslash
             keep[tokens.prefixes(rests)] = True
-            for token_id in np.flatnonzero(allowed & ~keep):
-                target[token_id // 32] &= ~np.uint32(1 << (int(token_id) % 32))
+            _clear(target, allowed & ~keep)
             near = keep
-        eos = self.inner.eos_token_ids
         for token_id in np.flatnonzero(allowed & near):
             if int(token_id) not in eos and self.refuses(int(token_id)):
                 target[token_id // 32] &= ~np.uint32(1 << (int(token_id) % 32))
-        if not target.any():
-            for t in eos:  # nothing left: the output may only end, as at a grammar's dead end
-                target[t // 32] |= np.uint32(1 << (t % 32))
+        _end_if_empty(target, eos)
 
     def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
         """The grammar's forced tokens, up to the first the scanner refuses."""
@@ -182,3 +192,17 @@ class BesideMatcher:
             self.scanner.feed(self.tokens.bytes[token_id])
             self.ids.append(token_id)
         return ids
+
+
+def _end_if_empty(target: np.ndarray, eos: frozenset[int]) -> None:
+    """Nothing left: the output may only end, as at a grammar's dead end."""
+    if not target.any():
+        for t in eos:
+            target[t // 32] |= np.uint32(1 << (t % 32))
+
+
+def _clear(target: np.ndarray, refused: np.ndarray) -> None:
+    """Clear the bits of the `refused` ids (a bool per id) in the mask words `target`."""
+    padded = np.zeros(len(target) * 32, dtype=bool)
+    padded[: len(refused)] = refused
+    target &= ~np.packbits(padded, bitorder="little").view(np.uint32)

@@ -540,3 +540,47 @@ def test_a_schema_refused_as_written_is_not_tried_reordered_as_written() -> None
     assert first.keys is not None and '"not"' not in first.grammar
     c = _constraint(schema)
     assert c.accepts('{"b":1}') and not c.accepts('{"b":1,"a":2}')
+
+
+@pytest.mark.parametrize(
+    ("schema", "text"),
+    [
+        ({"anyOf": [PING, CALL]}, '{"params":{"args":[1,{}],"name":"f"},"method":"call"}'),
+        ({"type": "array", "items": MOUNT}, '[{"opts":{"ro":true},"container":"c","local":"l"}]'),
+        (BUILD, '{"ports":1,"dockerfile":"d","build":"b"}'),
+        (
+            {"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}},
+            '{"xs":[true,1,[2],{"a":[3,3]},null,false],"k":1}',  # a second true: refused
+        ),
+        (
+            {
+                "anyOf": [
+                    {
+                        "properties": {"on": {"const": True}, "o": {"required": ["x"]}},
+                        "required": ["on"],
+                    },
+                    {"properties": {"on": {"const": False}}, "required": ["on"]},
+                ]
+            },
+            '{"o":{},"on":false}',  # true there would break the rule o waits on
+        ),
+    ],
+)
+def test_the_mask_refuses_what_the_matcher_refuses(schema: Any, text: str) -> None:
+    """Outside strings the mask tries only the tokens that may fail there (unique_matcher's
+    `near`); every token the grammar allows is checked one by one against it."""
+    c = _constraint(schema)
+    m = c.matcher().inner
+    words = (c.tokenizer.vocab_size + 31) // 32
+    for t in c.tokenizer.encode(text):
+        if not m.scanner.in_string:
+            grammar, mask = np.zeros(words, dtype=np.int32), np.zeros(words, dtype=np.int32)
+            m.inner.fill_mask(grammar)
+            m.fill_mask(mask)
+            allowed = np.flatnonzero(np.unpackbits(grammar.view(np.uint8), bitorder="little"))
+            kept = np.unpackbits(mask.view(np.uint8), bitorder="little")
+            eos = m.eos_token_ids
+            for token in allowed.tolist():
+                assert bool(kept[token]) == (token in eos or not m.refuses(token)), token
+        m.accept_token(t)
+    assert m.is_final()
