@@ -8,7 +8,8 @@ masks: for each grammar backend, real-world schemas (the JSONSchemaBench sample,
   engine's own `fill_bitmask` and accepts one token per row. Batch 1 walks one schema at a
   time; batch 64 walks 64 requests (the schemas in turn) in lockstep. Reported: p50 / p99 of
   the time per request per step (a batch step's time over its active rows) at SmolLM2's
-  49,152-token vocabulary.
+  49,152-token vocabulary. --property-order any walks them with keys in any order (the key
+  rules and uniqueItems beside the grammar, llguidance only; --masks-only skips the step).
 step: the same 32 prompts decoded for 64 tokens, constrained (a JSON array of tool calls that
   cannot close within 64 tokens, so every run does the same steps; with early closing, whose
   searches find nothing here, its worst case, and without) and unconstrained with ignore_eos;
@@ -38,7 +39,11 @@ LONG_SCHEMA = {
 
 
 def walks(
-    backend: str, tokenizer: Any, rows: list[dict[str, Any]], limit: int
+    backend: str,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    limit: int,
+    property_order: str = "schema",
 ) -> list[tuple[Any, list[int]]]:
     """(compiled handle, valid instance's token ids) for up to `limit` schemas."""
     from ..runtime.constrained.backend import create_backend
@@ -51,7 +56,8 @@ def walks(
         valid = [t["data"] for t in row["tests"] if t["valid"]]
         if not valid:
             continue
-        handle = service.submit(ConstraintSpec.create(json_schema=row["schema"]))
+        spec = ConstraintSpec.create(json_schema=row["schema"], property_order=property_order)
+        handle = service.submit(spec)
         if not handle.wait(30) or handle.error is not None:
             continue
         text = json.dumps(valid[0], separators=(",", ":"), ensure_ascii=False)
@@ -99,13 +105,16 @@ def bench_masks(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in args.data.open()]
     results = []
     for backend in args.backends.split(","):
-        walk_set = walks(backend, tokenizer, rows, args.schemas)
+        if args.property_order != "schema" and backend != "llguidance":
+            continue  # keys in any order: llguidance only
+        walk_set = walks(backend, tokenizer, rows, args.schemas, args.property_order)
         for batch in (1, 64):
             ts = sorted(step_times(walk_set, batch, tokenizer.vocab_size))
             results.append(
                 {
                     "bench": "masks",
                     "backend": backend,
+                    "property_order": args.property_order,
                     "batch": batch,
                     "schemas": len(walk_set),
                     "steps": len(ts),
@@ -173,15 +182,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backends", default="llguidance,outlines")
     ap.add_argument("--schemas", type=int, default=40, help="schemas walked per backend")
     ap.add_argument("--step-backend", default="llguidance")
+    ap.add_argument("--property-order", default="schema", help='the masks\' ("any": llguidance)')
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--masks-only", action="store_true", help="no engine step")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
     masks = bench_masks(args)
-    print_table(masks, ["backend", "batch", "schemas", "steps", "p50_ms", "p99_ms"])
-    step = bench_step(args)
+    columns = ["backend", "property_order", "batch", "schemas", "steps", "p50_ms", "p99_ms"]
+    print_table(masks, columns)
+    step = [] if args.masks_only else bench_step(args)
     columns = ["backend", "batch", "tokens_per_run", "plain_s", "constrained_s", "unclosed_s"]
-    print_table(step, [*columns, "constrained_over_plain", "unclosed_over_plain"])
+    if step:
+        print_table(step, [*columns, "constrained_over_plain", "unclosed_over_plain"])
     if not args.no_record:
         append_results("mask_bench", masks + step, data=args.data.name)
 
