@@ -131,6 +131,25 @@ class JsonScanner:
         top = self.stack[-1] if self.stack else None
         return top is None or top.is_array or top.at not in top.watch or self.state == AFTER
 
+    def quote_ends_quietly(self) -> bool:
+        """In a string, its closing quote (and a colon after a key's) cannot fail: a value
+        (`structural_only` holding), or a key of an object that refuses a new key only when it
+        repeats one (no closed names, maxProperties, formula or condition waiting on its keys,
+        no watched key), which only a token that writes what is left of an earlier key can."""
+        top = self.stack[-1]
+        if self.escape:  # the next quote is written, not the end
+            return False
+        if self.state == STRING:
+            return True
+        rule = top.rule
+        return rule is None or (
+            rule.names is None
+            and rule.max_count is None
+            and rule.formula is None
+            and not top.pending
+            and not top.watch
+        )
+
     @property
     def inside_watched(self) -> bool:
         """Some open container is a unique array or an object with a key rule."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .json_scanner import KEY_START, JsonScanner
+from .json_scanner import KEY, KEY_START, JsonScanner
 from .property_order import ObjectKeys
 from .unique_items import UniqueArrays
 
@@ -25,10 +25,16 @@ if TYPE_CHECKING:
 MAX_LOOKAHEAD = 64  # tokens tried after a token that could lead only to repeats
 
 
-def _allowed_ids(matcher: Any, vocab_size: int) -> np.ndarray:
-    """The ids an llguidance LLMatcher allows next."""
+_ONES = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)  # bits set per byte
+
+
+def _allowed_ids(matcher: Any, vocab_size: int, at_most: int) -> np.ndarray | None:
+    """The ids an llguidance LLMatcher allows next; None where they are more than at_most
+    (counted before they are listed)."""
     words = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
     matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    if _ONES[words.view(np.uint8)].sum() > at_most:
+        return None
     return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size])
 
 
@@ -44,17 +50,27 @@ class TokenBytes:
         self.may_end = (quotes > 1) | ends
         # a quote, a comma or a closing bracket: what ends a key or an object
         self.structural = np.array([any(c in b for c in b'",]}') for b in token_bytes])
+        # a quote with a comma or a closing bracket after it: what ends a string, then more
+        self.quote_then_more = np.array([_quote_then_more(b) for b in token_bytes], dtype=bool)
         # the tokens that open a container: outside every watched one, only they may break
         # a rule, by closing it in the same token (`{}`) or writing a key in it
         self.opens = np.flatnonzero([b"{" in b or b"[" in b for b in token_bytes])
         self.opens_word, self.opens_bit = self.opens >> 5, (self.opens & 31).astype(np.uint32)
         self.id_of = {b: i for i, b in enumerate(token_bytes) if b}
+        self.by_quoted: dict[bytes, list[int]] = {}  # by their bytes up to their first quote
+        for i, b in enumerate(token_bytes):
+            if (quote := b.find(b'"')) >= 0:
+                self.by_quoted.setdefault(b[: quote + 1], []).append(i)
 
     def prefixes(self, rests: list[bytes]) -> list[int]:
         """The tokens whose bytes begin one of `rests`."""
         return [
             self.id_of[r[:k]] for r in rests for k in range(1, len(r) + 1) if r[:k] in self.id_of
         ]
+
+    def completing(self, rests: list[bytes]) -> list[int]:
+        """The tokens that write one of `rests` (each ending at a quote) up to that quote."""
+        return [t for r in rests for t in self.by_quoted.get(r, ())]
 
 
 class BesideMatcher:
@@ -102,8 +118,8 @@ class BesideMatcher:
         forced = trial.trial_copy()
         if not forced.feed(after.compute_ff_bytes()):
             return True
-        allowed = _allowed_ids(after, len(self.tokens.bytes))
-        if not 0 < len(allowed) <= MAX_LOOKAHEAD:
+        allowed = _allowed_ids(after, len(self.tokens.bytes), MAX_LOOKAHEAD)
+        if allowed is None or not len(allowed):
             return False
         eos = self.inner.eos_token_ids
         return all(
@@ -160,7 +176,12 @@ class BesideMatcher:
         allowed = bits.astype(bool)
         # the tokens that may be refused: those that can close a string, end a value or
         # begin a key, and those that begin what is left of an earlier item or key
-        if scanner.in_string:
+        if scanner.in_string and scanner.structural_only() and scanner.quote_ends_quietly():
+            near = tokens.quote_then_more  # the string's end itself cannot fail here
+            if scanner.state == KEY and (done := tokens.completing(scanner.rests())):
+                near = near.copy()  # but as the end of an earlier key, it repeats it
+                near[done] = True
+        elif scanner.in_string:
             near = tokens.has_quote
         else:
             near = tokens.structural if scanner.structural_only() else tokens.may_end
@@ -206,3 +227,9 @@ def _clear(target: np.ndarray, refused: np.ndarray) -> None:
     padded = np.zeros(len(target) * 32, dtype=bool)
     padded[: len(refused)] = refused
     target &= ~np.packbits(padded, bitorder="little").view(np.uint32)
+
+
+def _quote_then_more(token: bytes) -> bool:
+    """A quote with a comma or a closing bracket anywhere after it."""
+    quote = token.find(b'"')
+    return quote >= 0 and any(c in token[quote + 1 :] for c in b",]}")

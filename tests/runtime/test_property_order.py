@@ -548,6 +548,10 @@ def test_a_schema_refused_as_written_is_not_tried_reordered_as_written() -> None
         ({"anyOf": [PING, CALL]}, '{"params":{"args":[1,{}],"name":"f"},"method":"call"}'),
         ({"type": "array", "items": MOUNT}, '[{"opts":{"ro":true},"container":"c","local":"l"}]'),
         (BUILD, '{"ports":1,"dockerfile":"d","build":"b"}'),
+        (  # after the third `"ab`, `":` would repeat "ab" in an open object
+            {"type": "object", "properties": {"ab": INT}},
+            ['{"ab":1,"abc":{"x":"a","y":"b"},"', "ab", 'd":3}'],
+        ),
         (
             {"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}},
             '{"xs":[true,1,[2],{"a":[3,3]},null,false],"k":1}',  # a second true: refused
@@ -566,21 +570,24 @@ def test_a_schema_refused_as_written_is_not_tried_reordered_as_written() -> None
         ),
     ],
 )
-def test_the_mask_refuses_what_the_matcher_refuses(schema: Any, text: str) -> None:
-    """Outside strings the mask tries only the tokens that may fail there (unique_matcher's
-    `near`); every token the grammar allows is checked one by one against it."""
+def test_the_mask_refuses_what_the_matcher_refuses(schema: Any, text: Any) -> None:
+    """The mask tries only the tokens that may fail where the output stands (unique_matcher's
+    `near`); each token the grammar allows is checked one by one against it (in a string,
+    each with a quote: without one, a token cannot end it)."""
     c = _constraint(schema)
     m = c.matcher().inner
     words = (c.tokenizer.vocab_size + 31) // 32
-    for t in c.tokenizer.encode(text):
-        if not m.scanner.in_string:
-            grammar, mask = np.zeros(words, dtype=np.int32), np.zeros(words, dtype=np.int32)
-            m.inner.fill_mask(grammar)
-            m.fill_mask(mask)
-            allowed = np.flatnonzero(np.unpackbits(grammar.view(np.uint8), bitorder="little"))
-            kept = np.unpackbits(mask.view(np.uint8), bitorder="little")
-            eos = m.eos_token_ids
-            for token in allowed.tolist():
-                assert bool(kept[token]) == (token in eos or not m.refuses(token)), token
+    pieces = [text] if isinstance(text, str) else text  # each piece tokenized apart
+    for t in [t for piece in pieces for t in c.tokenizer.encode(piece)]:
+        grammar, mask = np.zeros(words, dtype=np.int32), np.zeros(words, dtype=np.int32)
+        m.inner.fill_mask(grammar)
+        m.fill_mask(mask)
+        allowed = np.flatnonzero(np.unpackbits(grammar.view(np.uint8), bitorder="little"))
+        if m.scanner.in_string:
+            allowed = allowed[m.tokens.has_quote[allowed]]
+        kept = np.unpackbits(mask.view(np.uint8), bitorder="little")
+        eos = m.eos_token_ids
+        for token in allowed.tolist():
+            assert bool(kept[token]) == (token in eos or not m.refuses(token)), token
         m.accept_token(t)
     assert m.is_final()
