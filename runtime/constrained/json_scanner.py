@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .key_presence import holds, satisfiable, viable
-from .property_order import KeyRule, ObjectKeys
-from .unique_items import Condition, UniqueArrays, canonical
+from .instance_paths import Condition, canonical
+from .json_frame import Frame
+from .key_presence import holds, satisfiable
+from .property_order import ObjectKeys
+from .unique_items import UniqueArrays
 
 _LITERALS = (b"true", b"false", b"null")
 _NUMBER = frozenset(b"0123456789.eE+-")
@@ -33,83 +35,12 @@ _SPACE = frozenset(b" \t\n\r")
 VALUE, KEY_START, KEY, COLON, STRING, NUMBER, LITERAL, AFTER = range(8)
 
 
-class _Frame:
-    __slots__ = (
-        "is_array",
-        "at",
-        "unique",
-        "seen",
-        "texts",
-        "tried",
-        "item_start",
-        "in_item",
-        "rule",
-        "keys",
-        "key_texts",
-        "checks",
-        "watch",
-        "values",
-        "pending",
-    )
-
-    def __init__(
-        self,
-        is_array: bool,
-        unique: bool,
-        rule: KeyRule | None = None,
-        checks: tuple[Any, ...] = (),
-        watch: frozenset[str] = frozenset(),
-    ) -> None:
-        self.is_array, self.unique, self.rule = is_array, unique, rule
-        self.checks, self.watch = checks, watch  # conditional rules; the keys they read
-        self.at: Any = 0 if is_array else None  # current index or key
-        self.seen: set[Any] = set()  # canonical items taken
-        self.texts: list[bytes] = []  # and as written
-        self.tried: set[Any] = set()  # canonical items completed on a trial copy
-        self.item_start, self.in_item = 0, False
-        # an object's keys so far, and as written; replaced, never changed, so copies share them
-        self.keys: frozenset[str] = frozenset()
-        self.key_texts: tuple[bytes, ...] = ()
-        self.values: dict[str, Any] = {}  # watched keys' values (canonical), replaced too
-        # conditional rules broken by an inner object, each waiting on the conditions still
-        # unknown (the deepest of them on this object's keys)
-        self.pending: tuple[tuple[Condition, ...], ...] = ()
-
-    def copy(self) -> _Frame:
-        f = _Frame(self.is_array, self.unique, self.rule, self.checks, self.watch)
-        f.at, f.seen, f.texts = self.at, self.seen, self.texts
-        f.item_start, f.in_item = self.item_start, self.in_item
-        f.keys, f.key_texts = self.keys, self.key_texts
-        f.values, f.pending = self.values, self.pending
-        return f
-
-    def has_room(self, name: str | None) -> bool:
-        """One more key (`name`, or one not required) leaves room for the missing ones."""
-        rule = self.rule
-        if rule is None or rule.max_count is None:
-            return True
-        missing = rule.required - self.keys - {name}
-        return len(self.keys) + 1 + len(missing) <= rule.max_count
-
-    def key_pool(self) -> frozenset[str] | None:
-        """The keys that may still come, where they are finitely many (None: any key)."""
-        rule = self.rule
-        if rule is None:
-            return None
-        if rule.names is not None:
-            pool = frozenset(n for n in rule.names - self.keys if self.has_room(n))
-            return pool if rule.formula is None else viable(rule.formula, self.keys, pool)
-        if self.has_room(None):
-            return None
-        return frozenset(n for n in rule.required - self.keys if self.has_room(n))
-
-
 class JsonScanner:
     """Where the JSON bytes so far stand; `feed` returns False at a repeated unique item."""
 
     def __init__(self, arrays: UniqueArrays, keys: ObjectKeys | None = None) -> None:
         self.arrays, self.keys = arrays, keys
-        self.stack: list[_Frame] = []
+        self.stack: list[Frame] = []
         self.state, self.escape, self.word, self.word_start = VALUE, False, b"", 0
         self.text = bytearray()
         self.trial = False  # a copy: items go to `tried`, never to `seen`
@@ -261,10 +192,10 @@ class JsonScanner:
             path = [f.at for f in self.stack]
             unique = is_array and self.arrays.applies(path)
             if is_array or self.keys is None:
-                self.stack.append(_Frame(is_array, unique))
+                self.stack.append(Frame(is_array, unique))
             else:
                 keys = self.keys
-                frame = _Frame(False, False, keys.at(path))
+                frame = Frame(False, False, keys.at(path))
                 if keys.conditional:
                     frame.checks, frame.watch = keys.conditional_at(path), keys.watched_at(path)
                 self.stack.append(frame)
@@ -342,13 +273,13 @@ class JsonScanner:
         frame.pending = (*frame.pending, left)
         return True
 
-    def _settle(self, top: _Frame) -> bool:
+    def _settle(self, top: Frame) -> bool:
         """A key or a watched value of `top` just ended: the broken rules waiting on it are
         decided (False: one of them holds) or wait on."""
         waiting, top.pending = top.pending, ()
         return all(self._wait(conditions) for conditions in waiting)
 
-    def _watched(self, top: _Frame) -> bool:
+    def _watched(self, top: Frame) -> bool:
         """A watched key's value just ended (see `_settle`)."""
         text = bytes(self.text[top.item_start :])
         top.values = {**top.values, top.at: canonical(json.loads(text.decode()))}

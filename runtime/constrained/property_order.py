@@ -7,7 +7,7 @@ and, where the object's keywords apply at fixed instance paths (`KeyRule`), no c
 while a `required` key is missing, min/maxProperties counted as before.
 
 A `required` moves beside the grammar only where it applies to every object at some instance
-path (the walk of unique_items.py: through `properties`, `patternProperties`,
+path (the walk of schema_paths.py: through `properties`, `patternProperties`,
 `additionalProperties`, `items`, `allOf`, local `$ref`s and an `anyOf` / `oneOf` branch that is
 the only one whose value there can be an object, or through every branch that admits them: the
 same definition under each). It also moves where a discriminator chooses the branch (a key every
@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...lang.sampling_table import PROPERTY_ORDERS
+from .instance_paths import Condition, Step, matches
 from .key_presence import disjunction_formula
 from .schema_logic import DATA_KEYWORDS, as_list, asserted, ecma_regex, pointer
+from .schema_paths import exact_nodes
 from .schema_refs import unrolled_root
 from .schema_rewrite import MAX_GROWTH
-from .unique_items import Condition, Step, exact_nodes, matches
 
 # Keywords whose values map names (not keywords) to subschemas.
 _NAME_MAPS = frozenset(
@@ -85,7 +86,7 @@ Check = tuple[tuple[Condition, ...], frozenset[str], Any]
 
 @dataclass(frozen=True, slots=True)
 class ObjectKeys:
-    """The key rules by instance path (steps as unique_items.py's); every other object's
+    """The key rules by instance path (steps as instance_paths.py's); every other object's
     keys are only kept unique. A `conditional` rule is the `required` of a subschema that
     applies at its path where a discriminator chooses it: for each condition, the object at
     the path's first `depth` steps has the key (with one of the values, where they are
