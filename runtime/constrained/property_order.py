@@ -29,7 +29,6 @@ properties in the schema's order too.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +38,7 @@ from .instance_paths import Condition, Step, matches
 from .key_presence import disjunction_formula
 from .schema_logic import DATA_KEYWORDS, as_list, asserted, ecma_regex, pointer
 from .schema_paths import exact_nodes
-from .schema_refs import unrolled_root
-from .schema_rewrite import MAX_GROWTH
+from .schema_refs import max_chars_of, unrolled_root
 
 # Keywords whose values map names (not keywords) to subschemas.
 _NAME_MAPS = frozenset(
@@ -125,8 +123,7 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
     objects, reached at fixed paths, keep their keys in any order."""
     if not isinstance(schema, dict):
         return None
-    max_chars = MAX_GROWTH * len(json.dumps(schema)) + 4096
-    if (unrolled := unrolled_root(schema, max_chars)) is not None:
+    if (unrolled := unrolled_root(schema, max_chars_of(schema))) is not None:
         schema = unrolled
     formulas: dict[int, Any] = {}
 

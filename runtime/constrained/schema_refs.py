@@ -16,11 +16,17 @@ from typing import Any
 from .schema_logic import ASSERTIONS, DATA_KEYWORDS, pointer
 
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
+MAX_GROWTH = 16  # a rewritten or unrolled schema may be at most this many times the original's size
 MAX_NESTING = 4  # copies inside copies: a cycle through intersections alone stays a $ref
 
 
 class TooLarge(Exception):
     """The copies would pass the size allowed (inline_cyclic_refs' max_chars)."""
+
+
+def max_chars_of(schema: Any) -> int:
+    """The most characters of JSON a schema may grow to (MAX_GROWTH times, and 4 kB more)."""
+    return MAX_GROWTH * len(json.dumps(schema)) + 4096
 
 
 def inline_cyclic_refs(root: Any, max_chars: int) -> Any:

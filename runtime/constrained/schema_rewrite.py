@@ -47,7 +47,7 @@ from .schema_redundant import (
     patterned_properties,
     without_required,
 )
-from .schema_refs import TooLarge, inline_cyclic_refs
+from .schema_refs import TooLarge, inline_cyclic_refs, max_chars_of
 from .unique_items import UniqueArrays, unique_arrays
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
@@ -57,7 +57,6 @@ _ONE = frozenset(
 )
 _MANY = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _MAP = frozenset("properties patternProperties $defs definitions dependentSchemas".split())
-MAX_GROWTH = 16  # a rewritten schema may be at most this many times the original's size
 # What a propertyNames schema may assert and still be said by the keys' own keywords.
 _NAME_KEYWORDS = frozenset({"type", "pattern", "minLength", "maxLength", "enum", "const"})
 # Keywords llguidance refuses in some or all of their forms: a listed set beside one is folded.
@@ -72,7 +71,7 @@ def rewrite_schema(schema: Any, known_format: Any) -> tuple[Any, list[str]]:
 
     known_format(name) -> bool says which `format` values the backend checks."""
     rw = _Rewriter(schema, known_format)
-    max_chars = MAX_GROWTH * len(json.dumps(schema)) + 4096
+    max_chars = max_chars_of(schema)
     try:
         out = inline_cyclic_refs(rw.node(schema, "#"), max_chars)
     except TooLarge:
