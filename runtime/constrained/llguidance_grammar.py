@@ -15,9 +15,9 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, NamedTuple
 
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
@@ -85,33 +85,43 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     def grammar(schema: Any) -> str:
         return LLMatcher.grammar_from_json_schema(combinators_first(schema), overrides=options)
 
-    def refused(schema: Any, text: str) -> bool:
-        """llguidance refuses `schema` (`text`: as JSON) in the schema's order, where a
-        keyword it may refuse is in it (checked without the vocabulary): then it refuses it
-        reordered too, and finds that out only after the costlier work on the patterns."""
+    def refused(build: Callable[[], str], text: str) -> bool:
+        """llguidance refuses the schema whose grammar `build` makes (`text`: its JSON) in the
+        schema's order, where a keyword it may refuse is in it (checked without the
+        vocabulary): then it refuses it reordered too, and finds that out only after the
+        costlier work on the patterns."""
         if not _MAY_REFUSE.search(text):
             return False
-        return LLMatcher.validate_grammar_with_warnings(grammar(schema), None)[0]
+        return LLMatcher.validate_grammar_with_warnings(build(), None)[0]
 
-    schema = json.loads(spec.json_schema)
+    @cache
+    def schema() -> Any:  # parsed where a candidate needs it, not for the text as written
+        return json.loads(spec.json_schema)
+
+    def written() -> str:
+        """The schema as written; its text as it is where no combinator can need moving."""
+        if '"patternProperties"' not in spec.json_schema:
+            return LLMatcher.grammar_from_json_schema(spec.json_schema, overrides=options)
+        return grammar(schema())
+
     rewritten: Any = None
     kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
     if spec.property_order == "any":
-        if not refused(schema, spec.json_schema) and (reordered := any_order(schema)) is not None:
+        if not refused(written, spec.json_schema) and (reordered := any_order(schema())):
             yield Candidate(grammar(reordered[0]), [], reordered[1])
             kept = [ORDER_KEPT]
-        rewritten, notes = rewrite_schema(schema, known_format)
+        rewritten, notes = rewrite_schema(schema(), known_format)
         if (
-            rewritten != schema
-            and not refused(rewritten, json.dumps(rewritten))
+            rewritten != schema()
+            and not refused(lambda: grammar(rewritten), json.dumps(rewritten))
             and (reordered := any_order(rewritten)) is not None
         ):
             yield Candidate(grammar(reordered[0]), notes, reordered[1])
             kept = [ORDER_KEPT]
-    yield Candidate(grammar(schema), kept)
+    yield Candidate(written(), kept)
     if rewritten is None:
-        rewritten, notes = rewrite_schema(schema, known_format)
-    if rewritten != schema:
+        rewritten, notes = rewrite_schema(schema(), known_format)
+    if rewritten != schema():
         yield Candidate(grammar(rewritten), [*notes, *kept])
 
 
