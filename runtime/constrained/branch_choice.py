@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .instance_paths import Condition, Step, canonical, list_of, needed, subschemas_at
-from .schema_logic import JSON_TYPES, SchemaLogic, as_list, pointer
+from .schema_logic import JSON_TYPES, SchemaLogic, as_list, forbids, pointer
 
 MAX_CHAINS = 256  # disjunction chains merged for one subschema at one path
 MAX_HOPS = 64  # $refs, conjuncts, branches and steps followed to type a value inside a branch
@@ -98,7 +98,7 @@ class BranchChoice(SchemaLogic):
             mine = [
                 k
                 for k in _required(branch)
-                if all(_forbids(other, k) for i, other in objects.items() if i != j)
+                if all(forbids(other, k) for i, other in objects.items() if i != j)
             ]
             if not mine or keys is None:
                 keys = None
@@ -180,16 +180,6 @@ class BranchChoice(SchemaLogic):
 
 def _required(s: Any) -> list[Any]:
     return as_list(s.get("required")) if isinstance(s, dict) else []
-
-
-def _forbids(s: Any, key: str) -> bool:
-    """No instance of `s` has `key` (a property that is false, or a closed object without
-    patterns that does not list it)."""
-    if not isinstance(s, dict):
-        return s is False
-    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
-    closed = s.get("additionalProperties") is False and not s.get("patternProperties")
-    return props.get(key) is False or (closed and key not in props)
 
 
 def _within(reduced: tuple[Any, ...], chain: tuple[Any, ...]) -> bool:

@@ -224,9 +224,9 @@ class JsonScanner:
     def _close(self) -> bool:
         top = self.stack[-1]
         rule, keys = top.rule, top.keys
-        if rule is not None and (len(keys) < rule.min_count or not rule.required <= keys):
-            return False
-        if rule is not None and rule.formula is not None and not holds(rule.formula, keys):
+        if rule is not None and (
+            len(keys) < rule.min_count or not _kept(rule.required, rule.formula, keys)
+        ):
             return False
         closing = len(self.stack) - 1
         waiting = top.pending

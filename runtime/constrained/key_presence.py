@@ -32,7 +32,7 @@ def disjunction_formula(root: Any, s: dict[str, Any]) -> Formula | None:
     if not parts or SchemaLogic(root).types(s, 0) != {"object"}:
         return None
     formulas = [presence(root, part, 0) for part in parts]
-    if not formulas or None in formulas:
+    if None in formulas:
         return None
     return formulas[0] if len(formulas) == 1 else ("all", tuple(formulas))
 

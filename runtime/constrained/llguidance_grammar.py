@@ -98,8 +98,10 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     def schema() -> Any:  # parsed where a candidate needs it, not for the text as written
         return json.loads(spec.json_schema)
 
+    @cache
     def written() -> str:
-        """The schema as written; its text as it is where no combinator can need moving."""
+        """The schema as written (built once: the refusal check may need it first); its text
+        as it is where no combinator can need moving."""
         if '"patternProperties"' not in spec.json_schema:
             return LLMatcher.grammar_from_json_schema(spec.json_schema, overrides=options)
         return grammar(schema())

@@ -145,15 +145,18 @@ def any_order(schema: Any) -> tuple[Any, ObjectKeys] | None:
     dropped = frozenset(
         i for i in exact if formulas.get(i) is not None and not any(c for _, c in exact[i][1])
     )
-    placed = [(node, where) for node, placements in exact.values() for where in placements]
+    placed = sorted(
+        ((node, where) for node, placements in exact.values() for where in placements),
+        key=lambda p: repr(p[1]),
+    )
     rules = tuple(
         (path, _rule(node, formulas[id(node)] if id(node) in dropped else None))
-        for node, (path, conditions) in sorted(placed, key=lambda p: repr(p[1]))
+        for node, (path, conditions) in placed
         if not conditions
     )
     conditional = tuple(
         (path, conditions, _rule(node).required, None)
-        for node, (path, conditions) in sorted(placed, key=lambda p: repr(p[1]))
+        for node, (path, conditions) in placed
         if conditions and _has_required(node)
     ) + tuple((path, conditions, frozenset(), some) for path, conditions, some in also)
     ordered, alone = _ordered(schema, frozenset(exact), dropped)

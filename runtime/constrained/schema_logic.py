@@ -181,12 +181,17 @@ def _discriminated(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def _forbids_required(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """`a` requires a key that `b` forbids."""
-    props = b.get("properties") if isinstance(b.get("properties"), dict) else {}
-    closed = b.get("additionalProperties") is False and "patternProperties" not in b
-    for key in as_list(a.get("required")):
-        if props.get(key) is False or (closed and key not in props):
-            return True
-    return False
+    return any(forbids(b, key) for key in as_list(a.get("required")))
+
+
+def forbids(s: Any, key: str) -> bool:
+    """No object passing `s` has `key` (a property that is false, or a closed object without
+    patterns that does not list it)."""
+    if not isinstance(s, dict):
+        return s is False
+    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    closed = s.get("additionalProperties") is False and "patternProperties" not in s
+    return props.get(key) is False or (closed and key not in props)
 
 
 def _constants(s: dict[str, Any], key: str) -> list[Any] | None:

@@ -140,13 +140,14 @@ def unrolled_root(root: Any, max_chars: int) -> dict[str, Any] | None:
     applies at its own instance paths only, so the keys it requires can be checked at them
     (property_order.py). None where the root does not refer to itself, a reference points
     into the root other than at its definitions, or the copies pass max_chars characters."""
-    if not isinstance(root, dict) or "#" not in _refs_in(root):  # on a cycle, where it is
+    refs = _refs_in(root) if isinstance(root, dict) else set()
+    if "#" not in refs:  # where it is there, it is on a cycle
         return None
     defs_key = "definitions" if isinstance(root.get("definitions"), dict) else "$defs"
     defs = root.get(defs_key, {})
     if not isinstance(defs, dict) or any(
         not ref.startswith((f"#/{defs_key}/", "#/definitions/", "#/$defs/")) and ref != "#"
-        for ref in _refs_in(root)
+        for ref in refs
     ):
         return None
     fresh = next(f"root{i}" for i in range(len(defs) + 1) if f"root{i}" not in defs)

@@ -167,9 +167,7 @@ class BesideMatcher:
         eos = self.inner.eos_token_ids
         if not scanner.inside_watched:  # only a token that opens a container may break one
             on = (target[tokens.opens_word] >> tokens.opens_bit) & 1
-            for token_id in tokens.opens[on == 1].tolist():
-                if token_id not in eos and self.refuses(token_id):
-                    target[token_id // 32] &= ~np.uint32(1 << (token_id % 32))
+            self._drop_refused(target, tokens.opens[on == 1].tolist(), eos)
             _end_if_empty(target, eos)
             return
         bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: len(tokens.bytes)]
@@ -197,10 +195,14 @@ class BesideMatcher:
             keep[tokens.prefixes(rests)] = True
             _clear(target, allowed & ~keep)
             near = keep
-        for token_id in np.flatnonzero(allowed & near):
-            if int(token_id) not in eos and self.refuses(int(token_id)):
-                target[token_id // 32] &= ~np.uint32(1 << (int(token_id) % 32))
+        self._drop_refused(target, np.flatnonzero(allowed & near).tolist(), eos)
         _end_if_empty(target, eos)
+
+    def _drop_refused(self, target: np.ndarray, ids: list[int], eos: frozenset[int]) -> None:
+        """Clear in the mask words `target` the bit of each of `ids` that `refuses`."""
+        for token_id in ids:
+            if token_id not in eos and self.refuses(token_id):
+                target[token_id // 32] &= ~np.uint32(1 << (token_id % 32))
 
     def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
         """The grammar's forced tokens, up to the first the scanner refuses."""
