@@ -17,6 +17,8 @@ llama.cpp's seconds over stemma's (above 1 = stemma faster).
 With --speculative a second stemma server runs beside the first with the same flags plus
 `--speculative-algorithm NGRAM` (prompt lookup drafts), interleaved with the others; its
 rows also give the ratio of its seconds to the first's (spec_speedup, above 1 = faster).
+--compiled does the same with `--enable-torch-compile` (the compiled decode step;
+compile_speedup).
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ def start_servers(args: argparse.Namespace) -> dict[str, tuple[subprocess.Popen,
     variants = {"stemma": (18182, [])}
     if args.speculative:
         variants["stemma-ngram"] = (18183, ["--speculative-algorithm", "NGRAM"])
+    if args.compiled:
+        variants["stemma-compiled"] = (18184, ["--enable-torch-compile"])
     started = {}
     # One at a time: a start measures this machine (dtype "auto"'s weight plan), which a
     # second server starting beside it would disturb.
@@ -257,6 +261,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also run stemma with --speculative-algorithm NGRAM, interleaved",
     )
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also run stemma with --enable-torch-compile, interleaved",
+    )
     args = p.parse_args(argv)
     servers = start_servers(args)
     plans = weight_plans(servers)
@@ -284,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
                     seconds, "llama.cpp", "stemma-ngram"
                 )
                 row["spec_speedup"] = median_ratio(seconds, "stemma", "stemma-ngram")
+            if "stemma-compiled" in servers:
+                row["compiled_speedup_vs_llama.cpp"] = median_ratio(
+                    seconds, "llama.cpp", "stemma-compiled"
+                )
+                row["compile_speedup"] = median_ratio(seconds, "stemma", "stemma-compiled")
             row |= {
                 "speedup_vs_llama.cpp": ratio,
                 "stemma_args": args.stemma_args,

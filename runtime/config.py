@@ -35,8 +35,8 @@ class EngineConfig:
     # lookup; num_draft_tokens counts the sampled token too (at most num - 1 drafted).
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 8
-    # The work around attention compiled by Inductor (executor/compiled.py), SGLang's flags;
-    # for forwards of at most torch_compile_max_bs rows (decodes and their drafts).
+    # The decode step compiled whole by Inductor (executor/compiled.py), SGLang's flags; for
+    # decode batches of at most torch_compile_max_bs requests.
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 64
     grammar_backend: str = "outlines"  # outlines | llguidance (runtime/constrained/backend.py)

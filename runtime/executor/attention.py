@@ -211,17 +211,16 @@ class DecodeKV:
             and self.max_ctx <= self.capacity
         )
         self.rows, self.seq_lens = (rows, seq_lens) if eligible else (None, [])
-        if continues:
-            # Each request's new token: row b, position seq_len - 1 of the flattened buffer.
-            batch = torch.arange(len(rows), device=fb.seq_lens.device)
-            self.flat_pos = batch * self.capacity + fb.seq_lens.long() - 1
-            return "append"
-        self.k, self.v = [], []
-        if not eligible:
-            return None
-        self.capacity = self.max_ctx + self.HEADROOM
-        self.slots = F.pad(kv_slots, (0, self.HEADROOM)).flatten()  # slot 0: zeros
-        return "start"
+        if not continues:
+            self.k, self.v = [], []
+            if not eligible:
+                return None
+            self.capacity = self.max_ctx + self.HEADROOM
+            self.slots = F.pad(kv_slots, (0, self.HEADROOM)).flatten()  # slot 0: zeros
+        # Each request's new token: row b, position seq_len - 1 of the flattened buffer.
+        batch = torch.arange(len(rows), device=fb.seq_lens.device)
+        self.flat_pos = batch * self.capacity + fb.seq_lens.long() - 1
+        return "append" if continues else "start"
 
     def start(self, layer_id: int, pool: KVPool, dtype: torch.dtype):
         """This layer's dense K/V, gathered from the pool (this step's tokens included); the
@@ -240,6 +239,15 @@ class DecodeKV:
         self.k.append(k)
         self.v.append(v)
         return k[:, : self.max_ctx], v[:, : self.max_ctx]
+
+    def start_all(self, pool: KVPool, dtype: torch.dtype) -> bool:
+        """For a step that writes its own K/V into the copy (the compiled step): gather every
+        layer's contexts now, this step's positions not yet written. False where the run
+        ends instead (over the budget, or the pool in another dtype)."""
+        for layer_id in range(len(pool.k)):
+            if self.start(layer_id, pool, dtype) is None:
+                return False
+        return True
 
     def append(self, layer_id: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write this step's K/V ([B, Hkv, D], one token per request) at each request's

@@ -1,21 +1,27 @@
-"""The compiled step (SGLang's `--enable-torch-compile`): each decoder layer's work on tokens
-apart, before attention (norm, q|k|v, q/k norms, RoPE) and after it (o_proj, residual, norms,
-MLP), compiled by PyTorch Inductor; attention stays eager (its paged lookups change shape
-every step). A batch-1 step's small operations (views, casts, norms, RoPE, residual adds:
-thousands a step) become a few fused kernels per layer, and the linears run the same
-weight forms as eager.
+"""The compiled step (SGLang's `--enable-torch-compile`): a decode step compiled whole by
+PyTorch Inductor, from the embedding to the logits, attention and the K/V writes included.
 
-One compiled function serves every layer (the layer is an argument; its weights are graph
-inputs) and every row count up to `max_rows`: Dynamo specializes one row (decode at batch 1)
-and makes the count symbolic at the second size it sees. `warm_up` compiles both at start;
-Inductor caches the compiled code on disk (`cache_dir`), so a later start loads it.
+An eager batch-1 step is about 1,100 operator calls, of which the 120 matmuls take half the
+time; the norms, RoPE, casts, views, K/V writes and attention around them, each a Python call
+and a dispatch, take the other half. Compiled, they become a few fused kernels per layer
+around the same weight forms' kernels, run without Python in between.
+
+The graph attends over the decode batch's dense K/V copy (attention.DecodeKV), which it
+appends this step's K/V to as it writes them into the pool, masked past each request's
+length: its shapes then change only with the batch size and the copy's capacity, which is
+symbolic, so one graph serves every context length. Steps it does not take run eager:
+prefills, drafts, steps over a shared prefix (cascade), and batches the dense copy does not
+hold (over its budget).
+
+Dynamo specializes one row (batch 1) and makes the row count symbolic at the second size
+it sees; `warm_up` compiles both at start, and one row past each limit where a linear
+changes form (weights/few_rows.py). A size that does not compile caps the rows the graph
+takes. Inductor caches the compiled code on disk (`cache_dir`), so a later start loads it.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,75 +29,189 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch._inductor.config
+import torch.nn.functional as F
+from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from ..models.layers import form_row_limits
+from .attention import TorchAttnBackend, masked_attention
+from .forward_batch import ForwardBatch, ForwardMode
+from .memory import KVPool
 
 if TYPE_CHECKING:
-    from ..models.decoder import DecoderForCausalLM, DecoderLayer
-    from .forward_batch import ForwardBatch
+    from ..models.decoder import Attention, DecoderForCausalLM
 
 log = logging.getLogger("stemma.engine")
-RECOMPILE_LIMIT = 64  # Dynamo's per-function limit; a graph per layer would stay inside it
+RECOMPILE_LIMIT = 64  # Dynamo's per-function limit: one graph per row bucket stays inside it
 
 
-class CompiledLayers:
-    def __init__(self, layer_cls: type[DecoderLayer], max_rows: int) -> None:
-        self.max_rows = max_rows
-        self._before = torch.compile(layer_cls.before_attention)
-        self._after = torch.compile(layer_cls.after_attention)
+class DenseAttention:
+    """attend() inside the compiled graph: writes this step's K/V into the pool and into the
+    dense copy, then attends over the copy, masked past each request's context."""
+
+    def __init__(self, pool_k, pool_v, dense_k, dense_v, out_loc, flat_pos, seq_lens):
+        self.pool_k, self.pool_v, self.dense_k, self.dense_v = pool_k, pool_v, dense_k, dense_v
+        self.out_loc, self.flat_pos = out_loc, flat_pos
+        col = torch.arange(dense_k[0].shape[1], device=seq_lens.device)
+        self.last = seq_lens[:, None] - 1  # each request's query position, [B, 1]
+        self.col = col[None, :]
+        self.visible = self.col <= self.last  # [B, capacity]
+        self.bias: torch.Tensor | None = None
+
+    def __call__(self, q, k, v, a: Attention) -> torch.Tensor:
+        i = a.layer_id
+        self.pool_k[i].index_copy_(0, self.out_loc, k)
+        self.pool_v[i].index_copy_(0, self.out_loc, v)
+        kd, vd = self.dense_k[i], self.dense_v[i]  # [B, capacity, Hkv, D]
+        kd.view(-1, *kd.shape[2:]).index_copy_(0, self.flat_pos, k)
+        vd.view(-1, *vd.shape[2:]).index_copy_(0, self.flat_pos, v)
+        if a.window is not None or a.softcap is not None:  # as the eager backend's windowed()
+            mask = self.visible
+            if a.window is not None:
+                mask = mask & (self.col > self.last - a.window)
+            o = masked_attention(q[:, None], kd, vd, mask[:, None], a.sm_scale, a.softcap)
+            return o[:, 0]
+        if self.bias is None:  # 0 / -inf, [B, 1, 1, capacity]
+            bias = torch.zeros(self.visible.shape, dtype=q.dtype, device=q.device)
+            self.bias = bias.masked_fill(~self.visible, float("-inf"))[:, None, None]
+        o = F.scaled_dot_product_attention(
+            q[:, :, None],
+            kd.transpose(1, 2),
+            vd.transpose(1, 2),
+            attn_mask=self.bias,
+            scale=a.sm_scale,
+            enable_gqa=True,
+        )  # [B, num_heads, 1, head_dim]
+        return o[:, :, 0]
+
+
+def decode_graph(
+    model: DecoderForCausalLM,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_loc: torch.Tensor,
+    flat_pos: torch.Tensor,
+    pool_k: list[torch.Tensor],
+    pool_v: list[torch.Tensor],
+    dense_k: list[torch.Tensor],
+    dense_v: list[torch.Tensor],
+) -> torch.Tensor:
+    """One decode step's final hidden states, [B, hidden]: what the compiled function
+    traces. The vocabulary projection stays out of it (one call, whose form may not lower)."""
+    attend = DenseAttention(pool_k, pool_v, dense_k, dense_v, out_loc, flat_pos, seq_lens)
+    return model.hidden(input_ids, positions, None, attend)
+
+
+class CompiledDecode:
+    def __init__(self, model: DecoderForCausalLM, max_rows: int) -> None:
+        self.model, self.max_rows = model, max_rows
+        self._step = torch.compile(decode_graph, fullgraph=True)
         self.compile_s = 0.0  # warm_up's compile (or cache load) time
+        self.note: str | None = None  # what warm_up left out, when it did
 
-    def takes(self, fb: ForwardBatch) -> bool:
-        return fb.num_tokens <= self.max_rows
-
-    def before(self, layer: DecoderLayer):
-        return functools.partial(self._before, layer)
-
-    def after(self, layer: DecoderLayer):
-        return functools.partial(self._after, layer)
+    def forward(
+        self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend
+    ) -> torch.Tensor | None:
+        """The step's logits, or None for a step this graph does not take (run it eager)."""
+        if (
+            fb.mode is not ForwardMode.DECODE
+            or fb.batch_size > self.max_rows
+            or not isinstance(attn, TorchAttnBackend)
+            or attn.dense is None
+            or fb.logits_idx.shape[0] != fb.batch_size
+        ):
+            return None
+        dense = attn.decode_kv
+        if attn.dense == "start" and not dense.start_all(pool, self.model.dtype):
+            return None
+        for buffer in (*dense.k, *dense.v):  # one graph for every capacity
+            torch._dynamo.mark_dynamic(buffer, 1)
+        return self.model.project(
+            self._step(
+                self.model,
+                fb.input_ids,
+                fb.positions,
+                fb.seq_lens.long(),
+                attn.out_loc,
+                dense.flat_pos,
+                pool.k,
+                pool.v,
+                dense.k,
+                dense.v,
+            )
+        )
 
     @classmethod
-    def build(cls, model: DecoderForCausalLM, max_rows: int, cache_dir: Path) -> CompiledLayers:
-        """Compiled layers for `model`, warmed up: both shapes compiled (or loaded) now."""
-        cache_dir = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir)))
+    def build(
+        cls, model: DecoderForCausalLM, pool: KVPool, max_rows: int, cache_dir: Path
+    ) -> CompiledDecode:
+        """The compiled step for `model` over `pool`, warmed up: its shapes compiled (or
+        loaded) now."""
         cache_dir.mkdir(parents=True, exist_ok=True)
         # Round where eager rounds (a float32 norm inside a float64 or bfloat16 model), so the
-        # compiled layers give eager's values rather than more precise ones.
+        # compiled step gives eager's values rather than more precise ones.
         torch._inductor.config.emulate_precision_casts = True
         dynamo = torch._dynamo.config
         dynamo.cache_size_limit = max(dynamo.cache_size_limit, RECOMPILE_LIMIT)
-        compiled = cls(type(model.layers[0]), max_rows)
+        compiled = cls(model, max_rows)
         start, depth = time.perf_counter(), sys.getrecursionlimit()
         try:
-            compiled.warm_up(model)
+            with temporary_cache_dir(str(cache_dir)):  # not TORCHINDUCTOR_CACHE_DIR: torch
+                compiled.warm_up(pool)  # sets it to its default as its config is imported
         finally:  # Inductor lifts the interpreter's recursion limit for good; the server's
             sys.setrecursionlimit(depth)  # bounds on nested request bodies rely on it
         compiled.compile_s = time.perf_counter() - start
         log.info(
-            "compiled decoder layers in %.1f s (Inductor cache: %s, %.1f MB)",
+            "compiled the decode step in %.1f s (Inductor cache: %s, %.1f MB)",
             compiled.compile_s,
             cache_dir,
             directory_mb(cache_dir),
         )
         return compiled
 
-    @torch.inference_mode()
-    def warm_up(self, model: DecoderForCausalLM) -> None:
-        """Run every layer at one row, at two (the symbolic row count) and one row past each
-        limit where a linear changes form (weights/few_rows.py: Dynamo compiles the other
-        side of the branch then, so a form Inductor cannot lower fails here, not in a step)."""
-        cfg = model.cfg
+    def warm_up_rows(self) -> list[int]:
+        """One row, two (the symbolic row count) and one past each row limit of a form."""
+        past = {n + 1 for n in form_row_limits(self.model.layers)}
+        return sorted(n for n in {1, 2} | past if n <= self.max_rows)
+
+    def warm_up(self, pool: KVPool) -> None:
+        """Run the graph at each of warm_up_rows, so every compile happens now and none
+        inside a step. It writes K/V into the pool's first slots after the padding slot,
+        which no request holds yet. A row count that fails to compile (a form Inductor
+        cannot lower: oneDNN-packed bfloat16 wants frozen weights) caps max_rows below it;
+        at one row it raises (the engine then runs eager and says why).
+
+        Dynamo guards on whether a tensor was made under inference mode, so each input is
+        made as a step makes it: the batch's ids and positions outside it (ForwardBatch),
+        the rest inside (the model's forward)."""
+        model, cfg, lay = self.model, self.model.cfg, self.model.layout
         device = next(model.parameters()).device
-        layout = model.layout
-        past = {n + 1 for n in form_row_limits(model.layers) if n + 1 <= self.max_rows}
-        for rows in sorted({1, 2} | past):
-            positions = torch.arange(rows, device=device)
-            tables = {name: rope.table(positions) for name, rope in model.ropes.items()}
-            x = torch.zeros(rows, cfg.hidden_size, dtype=model.dtype, device=device)
-            o = torch.zeros(rows, layout.num_heads, cfg.head_dim, dtype=model.dtype, device=device)
-            for layer, rope in zip(model.layers, model.layer_rope):
-                self._before(layer, x, *tables[rope])
-                self._after(layer, o, x)
+        for rows in self.warm_up_rows():
+            ids = torch.zeros(rows, dtype=torch.long, device=device)
+            positions = torch.zeros(rows, dtype=torch.long, device=device)
+            with torch.inference_mode():
+                shape = (rows, 2, lay.num_kv_heads, cfg.head_dim)
+                dense_k = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in pool.k]
+                dense_v = [torch.zeros_like(t) for t in dense_k]
+                for t in (*dense_k, *dense_v):
+                    torch._dynamo.mark_dynamic(t, 1)
+                seq_lens = torch.ones(rows, dtype=torch.long, device=device)
+                loc = torch.arange(1, rows + 1, device=device)
+                flat = torch.arange(rows, device=device) * 2
+                args = (seq_lens, loc, flat, pool.k, pool.v, dense_k, dense_v)
+                try:
+                    self._step(model, ids, positions, *args)
+                except Exception as e:  # noqa: BLE001 - the rows before it stay compiled
+                    if rows == 1:
+                        raise
+                    self.max_rows = rows - 1
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    self.note = (
+                        f"decode steps of <= {self.max_rows} rows compiled; larger ones run "
+                        f"eager ({type(e).__name__} at {rows} rows: {first[:200]})"
+                    )
+                    log.warning("enable_torch_compile: %s", self.note)
+                    return
 
 
 def directory_mb(path: Path) -> float:

@@ -22,7 +22,7 @@ from ..models.weights import FORMS, Int4Weight
 from ..weight_plan import WeightPlan, plan_weights
 from .attention import make_attention_backend
 from .calibrate import calibration_ids, input_maxima
-from .compiled import CompiledLayers
+from .compiled import CompiledDecode
 from .forward_batch import ForwardBatch
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
 
@@ -74,9 +74,10 @@ class ModelRunner:
         if cfg.enable_torch_compile:
             cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
             try:
-                self.model.compiled = CompiledLayers.build(
-                    self.model, cfg.torch_compile_max_bs, cache / "inductor"
+                self.model.compiled = compiled = CompiledDecode.build(
+                    self.model, self.kv_pool, cfg.torch_compile_max_bs, cache / "inductor"
                 )
+                self.compile_note = compiled.note
             except Exception as e:  # noqa: BLE001 - a form Inductor cannot lower runs eager
                 first = (str(e).strip().splitlines() or [""])[0]
                 self.compile_note = (

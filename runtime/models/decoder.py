@@ -11,7 +11,7 @@ once, none unknown).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -41,14 +41,17 @@ if TYPE_CHECKING:  # the executor passes these in; the model names them only as 
     from ..executor.memory import KVPool
 
 
-class CompiledLayers(Protocol):
-    """The layers' halves around attention, compiled (executor/compiled.py)."""
+class CompiledDecode(Protocol):
+    """The decode step compiled whole (executor/compiled.py)."""
 
-    def takes(self, fb: ForwardBatch) -> bool: ...
+    def forward(
+        self, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend
+    ) -> torch.Tensor | None: ...
 
-    def before(self, layer: DecoderLayer) -> Any: ...
 
-    def after(self, layer: DecoderLayer) -> Any: ...
+# attend(q, k, v, attention): one layer's attention over the context, [tokens, heads,
+# head_dim]: the backend's in an eager step, the compiled step's own in its graph.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "Attention"], torch.Tensor]
 
 
 def make_norm(cfg: ModelConfig, dim: int, dtype: torch.dtype) -> RMSNorm:
@@ -93,11 +96,6 @@ class Attention(nn.Module):
         qk = RotaryEmbedding.apply(qk, (cos, sin))
         return qk[:, :num_q], qk[:, num_q:], qkv[:, num_qk:]
 
-    def attend(self, q, k, v, fb: ForwardBatch, pool: KVPool, attn: AttentionBackend):
-        """The backend's attention over the paged context: [tokens, num_heads, head_dim]."""
-        window, cap = self.window, self.softcap
-        return attn.forward(q, k, v, self.layer_id, fb, pool, self.sm_scale, window, cap)
-
     def out(self, o: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """residual + o_proj(o) (o_proj(o) alone for residual None)."""
         return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim), residual)
@@ -136,14 +134,10 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
             self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size, dtype)
 
-    def forward(self, x, cos_sin, fb, pool, attn, compiled: CompiledLayers | None = None):
-        """x: [tokens, hidden] through attention and MLP; the work on each token apart
-        (before_attention, after_attention) runs compiled where `compiled` is given."""
-        before, after = (self.before_attention, self.after_attention)
-        if compiled is not None:
-            before, after = compiled.before(self), compiled.after(self)
-        q, k, v = before(x, *cos_sin)
-        return after(self.self_attn.attend(q, k, v, fb, pool, attn), x)
+    def forward(self, x: torch.Tensor, cos_sin: tuple, attend: Attend) -> torch.Tensor:
+        """x: [tokens, hidden] through attention and MLP."""
+        q, k, v = self.before_attention(x, *cos_sin)
+        return self.after_attention(attend(q, k, v, self.self_attn), x)
 
     def before_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         return self.self_attn.qkv(self.input_layernorm(x), cos, sin)
@@ -191,7 +185,7 @@ class DecoderForCausalLM(nn.Module):
         self.layer_rope = [cfg.layer_rope(i) for i in range(cfg.num_layers)]
         # The vocabulary projection: [rows, hidden] -> [rows, vocab shard].
         self.lm_head = Linear(cfg.hidden_size, lay.vocab_shard, False, dtype)
-        self.compiled: CompiledLayers | None = None  # executor/compiled.py, when enabled
+        self.compiled: CompiledDecode | None = None  # executor/compiled.py, when enabled
         if cfg.tie_word_embeddings:
             self.lm_head.weight = None  # the embedding table, once loaded (load_weights)
 
@@ -208,14 +202,35 @@ class DecoderForCausalLM(nn.Module):
         dtype (the output processor widens reduced-precision logits where it needs to).
         Under tensor parallelism rank 0 gets the gathered logits, other ranks None."""
         attn.init_forward_metadata(fb)
-        x = self.embed_tokens(fb.input_ids)
+        if self.compiled is not None:
+            logits = self.compiled.forward(fb, pool, attn)
+            if logits is not None:  # a step it takes
+                return logits
+
+        def attend(q, k, v, a: Attention) -> torch.Tensor:
+            return attn.forward(q, k, v, a.layer_id, fb, pool, a.sm_scale, a.window, a.softcap)
+
+        return self.project(self.hidden(fb.input_ids, fb.positions, fb.logits_idx, attend))
+
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        logits_idx: torch.Tensor | None,
+        attend: Attend,
+    ) -> torch.Tensor:
+        """The final norm's output for rows logits_idx (every row for None) of these tokens,
+        each layer attending through `attend`."""
+        x = self.embed_tokens(input_ids)
         if self.cfg.embed_scale is not None:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
-        tables = {name: rope.table(fb.positions) for name, rope in self.ropes.items()}
-        compiled = self.compiled if self.compiled is not None and self.compiled.takes(fb) else None
+        tables = {name: rope.table(positions) for name, rope in self.ropes.items()}
         for layer, rope in zip(self.layers, self.layer_rope):
-            x = layer(x, tables[rope], fb, pool, attn, compiled)
-        x = self.norm(x[fb.logits_idx])
+            x = layer(x, tables[rope], attend)
+        return self.norm(x if logits_idx is None else x[logits_idx])
+
+    def project(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Logits [rows, vocab_size] of the final norm's output (rank 0's; None elsewhere)."""
         logits = self.tp.gather_last_dim(self.lm_head(x))
         if logits is None:
             return None

@@ -1,7 +1,9 @@
-"""The compiled step (--enable-torch-compile): the layers' work around attention compiled by
-Inductor gives what eager gives in float64 (to the float32 rounding of the norms), at batch 1
-and in a batch (the symbolic row count), for a Llama and a Gemma-style model (sandwich norms,
-q/k norms); a weight form Inductor cannot lower runs eager, and model info says why."""
+"""The compiled step (--enable-torch-compile): a decode step compiled whole by Inductor gives
+what eager gives in float64 (to the float32 rounding of the norms), alone and in a batch (the
+symbolic row count), across the dense K/V copy's regrowth (the symbolic capacity) and over
+K/V it wrote into the pool (a prefix hit later reads them), for a Llama and a Gemma 2 (sliding
+windows, soft caps, sandwich norms); a form that does not compile caps the rows it takes or
+runs eager, and model info says why."""
 
 from __future__ import annotations
 
@@ -9,46 +11,59 @@ import re
 import sys
 
 import pytest
+import torch
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
+from stemma.runtime.executor import compiled
 
 from .families import build_family
 
 PROMPTS = [[5, 9, 23, 7, 11, 40], [3, 3, 8], [17, 2, 90, 61, 4, 4, 12, 30]]
+# Past DecodeKV.HEADROOM (16) twice: the copy is gathered again at a larger capacity.
+NEW_TOKENS = 40
 
 
-def run(ckpt, compiled: bool, tmp_path) -> tuple[list, list]:
+def run(ckpt, compile_on: bool, tmp_path, graph_calls: list) -> tuple[list, list]:
     cfg = {
         "dtype": "float64",
         "kv_cache_mb": 16,
-        "enable_torch_compile": compiled,
+        "enable_torch_compile": compile_on,
         "cache_dir": str(tmp_path / "cache"),
-        "disable_radix_cache": True,
     }
-    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     with Engine(model_path=str(ckpt), **cfg) as e:
-        assert (e.get_model_info()["torch_compile_s"] is not None) == compiled
+        assert (e.get_model_info()["torch_compile_s"] is not None) == compile_on
+        if compile_on:  # count the steps the graph runs
+            step = e.runner.model.compiled._step
+            e.runner.model.compiled._step = lambda *a: graph_calls.append(1) or step(*a)
         alone = e.generate(input_ids=PROMPTS[0], sampling_params=params, return_logprob=True)
         batch = e.generate(
             input_ids=PROMPTS, sampling_params=[params] * len(PROMPTS), return_logprob=True
         )
-    outs = [alone, *batch]
+        # A prompt holding the first answer: its prefix comes from the pool, as written.
+        again = PROMPTS[0] + alone["output_ids"] + [8, 9]
+        hit = e.generate(input_ids=again, sampling_params=params, return_logprob=True)
+        assert hit["meta_info"]["cached_tokens"] >= len(again) - 3
+    outs = [alone, *batch, hit]
     return [o["output_ids"] for o in outs], [
         [entry[0] for entry in o["meta_info"]["output_token_logprobs"]] for o in outs
     ]
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma"])
-def test_compiled_layers_equal_eager_in_float64(family, tiny_llama_dir, tmp_path_factory):
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_compiled_step_equals_eager_in_float64(family, tiny_llama_dir, tmp_path_factory):
     if family == "llama":
         ckpt = tiny_llama_dir
     else:
-        ckpt = build_family(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3")
+        ckpt = build_family(tmp_path_factory.mktemp("tiny-gemma2"), "gemma2")
     tmp = tmp_path_factory.mktemp("compiled")
     depth = sys.getrecursionlimit()
-    ids_eager, lp_eager = run(ckpt, False, tmp)
-    ids_compiled, lp_compiled = run(ckpt, True, tmp)
+    calls: list = []
+    ids_eager, lp_eager = run(ckpt, False, tmp, calls)
+    ids_compiled, lp_compiled = run(ckpt, True, tmp, calls)
     assert sys.getrecursionlimit() == depth  # Inductor's raise undone (the server relies on it)
+    # Every decode step but each request's first (its prefill's) ran the graph.
+    assert len(calls) >= 3 * (NEW_TOKENS - 1)
     assert ids_compiled == ids_eager
     # The norms normalize in float32 (as HF's do, even in a float64 model); Inductor's fused
     # reduction sums in another order, so values agree to float32 rounding, not bit for bit.
@@ -65,15 +80,14 @@ def test_flags_and_limits():
         EngineConfig(enable_torch_compile=True, tp_size=2)
 
 
-def test_a_form_that_does_not_compile_runs_eager_and_says_why(tiny_llama_dir, monkeypatch):
-    """Inductor refuses some forms (oneDNN-packed bfloat16 wants frozen weights): the engine
-    then runs eager, and model info names the form and the error."""
-    from stemma.runtime.executor import compiled
+def test_a_step_that_does_not_compile_runs_eager_and_says_why(tiny_llama_dir, monkeypatch):
+    """Inductor refuses some forms (oneDNN-packed bfloat16 wants frozen weights): where one
+    row does not compile the engine runs eager, and model info names the form and the error."""
 
-    def refuse(self, model):
+    def refuse(self, pool):
         raise RuntimeError("LoweringException: the weight must be a constant")
 
-    monkeypatch.setattr(compiled.CompiledLayers, "warm_up", refuse)
+    monkeypatch.setattr(compiled.CompiledDecode, "warm_up", refuse)
     with Engine(model_path=str(tiny_llama_dir), kv_cache_mb=8, enable_torch_compile=True) as e:
         info = e.get_model_info()
         out = e.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 3})
@@ -83,12 +97,11 @@ def test_a_form_that_does_not_compile_runs_eager_and_says_why(tiny_llama_dir, mo
     assert len(out["output_ids"]) == 3
 
 
-def test_warm_up_reaches_past_each_row_limit_of_a_form(tiny_llama_dir):
+def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_dir):
     """A linear that changes kernel past N rows (the GGUF's own blocks, weights/few_rows.py)
     is warmed up at N + 1 rows too, so the other side's compile fails, if it does, at start
-    (the engine then runs eager and says why) and never inside a step."""
-    import torch
-    from stemma.runtime.executor.compiled import CompiledLayers
+    and never inside a step; the graph then takes steps of at most N rows and says so."""
+    from stemma.runtime.executor.memory import KVPool
     from stemma.runtime.models.layers import Linear
     from stemma.runtime.models.loader import load_decoder
     from stemma.runtime.models.weights import Int4Weight
@@ -98,15 +111,21 @@ def test_warm_up_reaches_past_each_row_limit_of_a_form(tiny_llama_dir):
     plan = WeightPlan(own_form="int4", own_rows=2)
     linears = [m for m in net.layers.modules() if isinstance(m, Linear)]
     net.apply_plan(plan, {m: Int4Weight.from_weight(m.weight, plan) for m in linears})
+    cfg = net.cfg
+    pool = KVPool(16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    assert compiled.CompiledDecode(net, 64).warm_up_rows() == [1, 2, 3]
+    assert compiled.CompiledDecode(net, 2).warm_up_rows() == [1, 2]
+
     seen: list[int] = []
 
-    def before(layer, x, cos, sin):  # records the rows instead of compiling
-        seen.append(x.shape[0])
-        return layer.before_attention(x, cos, sin)
+    def step(model, ids, *rest):  # records the rows instead of compiling; 3 fails
+        seen.append(ids.shape[0])
+        if ids.shape[0] > 2:
+            raise RuntimeError("LoweringException: the weight must be a constant")
 
-    for max_rows, rows in ((64, [1, 2, 3]), (2, [1, 2])):  # 3 rows past what it takes
-        compiled = CompiledLayers(type(net.layers[0]), max_rows)
-        compiled._before, compiled._after = before, lambda layer, o, x: x
-        seen.clear()
-        compiled.warm_up(net)
-        assert sorted(set(seen)) == rows
+    graph = compiled.CompiledDecode(net, 64)
+    graph._step = step
+    graph.warm_up(pool)
+    assert seen == [1, 2, 3]
+    assert graph.max_rows == 2
+    assert graph.note.startswith("decode steps of <= 2 rows compiled; larger ones run eager")
