@@ -15,8 +15,10 @@ hold (over its budget).
 
 Dynamo specializes one row (batch 1) and makes the row count symbolic at the second size
 it sees; `warm_up` compiles both at start, and one row past each limit where a linear
-changes form (weights/few_rows.py). A size that does not compile caps the rows the graph
-takes. Inductor caches the compiled code on disk (`cache_dir`), so a later start loads it.
+changes form (weights/few_rows.py). A form Inductor cannot trace (WeightForm.compiles:
+oneDNN-packed bfloat16) caps the rows the graph takes below the rows it multiplies, and so
+does a size that fails to compile. Inductor caches the compiled code on disk (`cache_dir`),
+so a later start loads it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch._inductor.config
 import torch.nn.functional as F
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-from ..models.layers import form_row_limits
+from ..models.layers import compiled_row_limit, form_row_limits
 from .attention import TorchAttnBackend, masked_attention
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory import KVPool
@@ -104,10 +106,20 @@ def decode_graph(
 
 class CompiledDecode:
     def __init__(self, model: DecoderForCausalLM, max_rows: int) -> None:
+        """Raises ValueError where no step could compile (a form Inductor cannot lower)."""
         self.model, self.max_rows = model, max_rows
+        self.note: str | None = None  # what the graph leaves to eager steps, when it does
+        limit = compiled_row_limit(model.layers)
+        if limit == 0:
+            raise ValueError("Inductor cannot trace their matmul")
+        if limit is not None and limit < max_rows:
+            self.max_rows = limit
+            self.note = (
+                f"decode steps of <= {limit} rows compiled; larger ones run eager (their "
+                "linears' form cannot be compiled)"
+            )
         self._step = torch.compile(decode_graph, fullgraph=True)
         self.compile_s = 0.0  # warm_up's compile (or cache load) time
-        self.note: str | None = None  # what warm_up left out, when it did
 
     def forward(
         self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend

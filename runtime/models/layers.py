@@ -60,6 +60,14 @@ def form_row_limits(module: nn.Module) -> list[int]:
     return sorted(n for n in limits if n is not None)
 
 
+def compiled_row_limit(module: nn.Module) -> int | None:
+    """The most rows for which every linear under `module` multiplies by a form Inductor
+    compiles (WeightForm.compiled_rows): None for any count, 0 for none."""
+    limits = [m.form.compiled_rows() for m in module.modules() if isinstance(m, Linear) and m.form]
+    known = [n for n in limits if n is not None]
+    return min(known) if known else None
+
+
 class RowParallelLinear(Linear):
     """Holds the input columns of its rank: y = all_reduce(x_r W_r^T) (+ b + residual, added
     by rank 0 only, so both are counted once). Without a group it is a plain Linear."""

@@ -88,7 +88,8 @@ def test_a_step_that_does_not_compile_runs_eager_and_says_why(tiny_llama_dir, mo
         raise RuntimeError("LoweringException: the weight must be a constant")
 
     monkeypatch.setattr(compiled.CompiledDecode, "warm_up", refuse)
-    with Engine(model_path=str(tiny_llama_dir), kv_cache_mb=8, enable_torch_compile=True) as e:
+    cfg = {"dtype": "float32", "kv_cache_mb": 8, "enable_torch_compile": True}  # plain forms
+    with Engine(model_path=str(tiny_llama_dir), **cfg) as e:
         info = e.get_model_info()
         out = e.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 3})
     assert info["torch_compile_s"] is None
@@ -129,3 +130,34 @@ def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_
     assert seen == [1, 2, 3]
     assert graph.max_rows == 2
     assert graph.note.startswith("decode steps of <= 2 rows compiled; larger ones run eager")
+
+
+def test_a_form_that_cannot_compile_caps_the_rows_without_a_trace(tiny_llama_dir):
+    """Where a linear's form for larger steps cannot be compiled (WeightForm.compiles, as
+    oneDNN-packed bfloat16), the graph takes the steps below it, and nothing is traced
+    for the others; where every step's form cannot, there is no compiled step at all."""
+    from stemma.runtime.models.layers import Linear, compiled_row_limit
+    from stemma.runtime.models.loader import load_decoder
+    from stemma.runtime.models.weights import Int4Weight
+    from stemma.runtime.models.weights.dense import PlainWeight
+    from stemma.runtime.models.weights.few_rows import FewRowsWeight
+    from stemma.runtime.weight_plan import WeightPlan
+
+    class Untraceable(PlainWeight):
+        compiles = False
+
+    net, _ = load_decoder(tiny_llama_dir, torch.float32, "cpu")
+    plan = WeightPlan()
+    linears = [m for m in net.layers.modules() if isinstance(m, Linear)]
+    assert compiled_row_limit(net.layers) is None
+    for m in linears:
+        m.hold(FewRowsWeight(Int4Weight.from_weight(m.weight, plan), 3, Untraceable(m.weight)))
+    assert compiled_row_limit(net.layers) == 3
+    graph = compiled.CompiledDecode(net, 64)
+    assert graph.max_rows == 3 and graph.warm_up_rows() == [1, 2]
+    assert "steps of <= 3 rows compiled" in graph.note
+    assert compiled.CompiledDecode(net, 2).note is None  # under the limit: nothing left out
+    linears[0].hold(Untraceable(linears[0].form.many.weight))
+    assert compiled_row_limit(net.layers) == 0
+    with pytest.raises(ValueError, match="cannot trace"):
+        compiled.CompiledDecode(net, 64)

@@ -39,6 +39,13 @@ class WeightForm(ABC):
     # A form that multiplies steps of at most this many rows by another kernel than larger
     # ones (a compiled step warms up both sides); None for one kernel at every size.
     max_rows: int | None = None
+    # Whether Inductor can compile its matmul (executor/compiled.py); steps whose linears
+    # would multiply by a form that cannot run eager.
+    compiles: ClassVar[bool] = True
+
+    def compiled_rows(self) -> int | None:
+        """The most rows whose matmul by this form compiles: None for any, 0 for none."""
+        return None if self.compiles else 0
 
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:

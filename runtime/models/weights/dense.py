@@ -70,6 +70,7 @@ class PackedWeight(WeightForm):
 
     name = "packed"
     folds_norms = True  # a norm's scale then costs nothing (its linear's weight holds it)
+    compiles = False  # Inductor's fake tensors cannot run the mkldnn matmul
 
     def __init__(self, packed: torch.Tensor, up: torch.Tensor | None = None):
         self.packed = packed

@@ -59,6 +59,11 @@ class FewRowsWeight(WeightForm):
             return self.many.gated(x, bias, act)
         return self.few.gated(self._scaled(x), bias, act)
 
+    def compiled_rows(self) -> int | None:
+        if self.many.compiled_rows() is None:
+            return self.few.compiled_rows()
+        return self.max_rows if self.few.compiled_rows() is None else 0
+
     def _scaled(self, x: Tensor) -> Tensor:
         return x if self.input_scale is None else x * self.input_scale
 
