@@ -161,3 +161,41 @@ def test_a_form_that_cannot_compile_caps_the_rows_without_a_trace(tiny_llama_dir
     assert compiled_row_limit(net.layers) == 0
     with pytest.raises(ValueError, match="cannot trace"):
         compiled.CompiledDecode(net, 64)
+
+
+def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_path):
+    """The graphs do not guard on the model (compiled.unguarded_model), so each engine's
+    must be its own: two models of the same shapes whose weights and constants differ (norm
+    eps, RoPE base), compiled in one process, each give what their eager engine gives."""
+    from ..fixtures import build_tiny_checkpoint
+
+    ckpts = [
+        build_tiny_checkpoint(tmp_path / "a", seed=0),
+        build_tiny_checkpoint(tmp_path / "b", seed=1, rms_norm_eps=0.5, rope_theta=50.0),
+    ]
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+    def outputs(engines) -> list:
+        return [
+            [x[0] for x in e.generate(input_ids=PROMPTS[2], sampling_params=params,
+                                      return_logprob=True)["meta_info"]["output_token_logprobs"]]
+            for e in engines
+        ]  # fmt: skip
+
+    base = {"dtype": "float64", "kv_cache_mb": 8, "cache_dir": str(tmp_path / "cache")}
+    on = base | {"enable_torch_compile": True, "torch_compile_max_bs": 1}
+    compiled_engines = [Engine(model_path=str(c), **on) for c in ckpts]
+    try:
+        got = outputs(compiled_engines)
+    finally:
+        for e in compiled_engines:
+            e.shutdown()
+    eager_engines = [Engine(model_path=str(c), **base) for c in ckpts]
+    try:
+        want = outputs(eager_engines)
+    finally:
+        for e in eager_engines:
+            e.shutdown()
+    assert want[0] != pytest.approx(want[1], abs=1e-3)  # the two models differ
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, abs=2e-5)
