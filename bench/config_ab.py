@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     startup: dict[str, Any] = {}
     if info["torch_compile_s"] is not None:
         startup = {"compile_cold_s": info["torch_compile_s"]}
+        startup["compile_note"] = info["torch_compile_note"]  # the rows left to eager
         startup |= start_up(args.model, candidate, config)
         startup["cache_mb"] = round(directory_mb(cache / "inductor"), 1)
     rows: list[dict[str, Any]] = []

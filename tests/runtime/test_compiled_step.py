@@ -175,27 +175,20 @@ def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_pat
     ]
     params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
-    def outputs(engines) -> list:
-        return [
-            [x[0] for x in e.generate(input_ids=PROMPTS[2], sampling_params=params,
-                                      return_logprob=True)["meta_info"]["output_token_logprobs"]]
-            for e in engines
-        ]  # fmt: skip
+    def outputs(cfg: dict) -> list:
+        """Each model's logprobs, its engine started with `cfg` while the other's runs too."""
+        engines = [Engine(model_path=str(c), **cfg) for c in ckpts]
+        try:
+            outs = [e.generate(input_ids=PROMPTS[2], sampling_params=params,
+                               return_logprob=True) for e in engines]  # fmt: skip
+        finally:
+            for e in engines:
+                e.shutdown()
+        return [[x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in outs]
 
     base = {"dtype": "float64", "kv_cache_mb": 8, "cache_dir": str(tmp_path / "cache")}
-    on = base | {"enable_torch_compile": True, "torch_compile_max_bs": 1}
-    compiled_engines = [Engine(model_path=str(c), **on) for c in ckpts]
-    try:
-        got = outputs(compiled_engines)
-    finally:
-        for e in compiled_engines:
-            e.shutdown()
-    eager_engines = [Engine(model_path=str(c), **base) for c in ckpts]
-    try:
-        want = outputs(eager_engines)
-    finally:
-        for e in eager_engines:
-            e.shutdown()
+    got = outputs(base | {"enable_torch_compile": True, "torch_compile_max_bs": 1})
+    want = outputs(base)
     assert want[0] != pytest.approx(want[1], abs=1e-3)  # the two models differ
     for a, b in zip(got, want):
         assert a == pytest.approx(b, abs=2e-5)
