@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     candidate = json.loads(args.candidate)
     # An empty engine cache whose converted models are the default one's: a cold compile.
     cache = Path(tempfile.mkdtemp(prefix="stemma-cache-"))
-    (cache / "models").symlink_to(default_cache_dir() / "models", target_is_directory=True)
+    models = default_cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (cache / "models").symlink_to(models, target_is_directory=True)
     config = {"dtype": args.dtype, "quantization": args.quantization, "kv_cache_mb": 512}
     if "enable_torch_compile" in candidate:
         candidate = {"cache_dir": str(cache), **candidate}

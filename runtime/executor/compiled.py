@@ -1,5 +1,6 @@
 """The compiled step (SGLang's `--enable-torch-compile`): a decode step compiled whole by
-PyTorch Inductor, from the embedding to the logits, attention and the K/V writes included.
+PyTorch Inductor, from the embedding to the final norm, attention and the K/V writes
+included; the vocabulary projection runs eager after it.
 
 An eager batch-1 step is about 1,100 operator calls, of which the 120 matmuls take half the
 time; the norms, RoPE, casts, views, K/V writes and attention around them, each a Python call
@@ -133,6 +134,7 @@ class CompiledDecode:
         options = {"guard_filter_fn": unguarded_model}
         self._step = torch.compile(own, fullgraph=True, options=options)
         self.compile_s = 0.0  # warm_up's compile (or cache load) time
+        self._run: list[torch.Tensor] | None = None  # the dense copy's K of the run it started
 
     def forward(
         self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend
@@ -147,10 +149,14 @@ class CompiledDecode:
         ):
             return None
         dense = attn.decode_kv
-        if attn.dense == "start" and not dense.start_all(pool, self.model.dtype):
+        if attn.dense == "start":
+            if not dense.start_all(pool, self.model.dtype):
+                return None
+            for buffer in (*dense.k, *dense.v):  # one graph for every capacity
+                torch._dynamo.mark_dynamic(buffer, 1)
+            self._run = dense.k
+        elif dense.k is not self._run:  # a run an eager step started: its copy is unmarked
             return None
-        for buffer in (*dense.k, *dense.v):  # one graph for every capacity
-            torch._dynamo.mark_dynamic(buffer, 1)
         return self.model.project(
             self._step(
                 self.model,
@@ -230,13 +236,17 @@ class CompiledDecode:
                     if rows == 1:
                         raise
                     self.max_rows = rows - 1
-                    first = (str(e).strip().splitlines() or [""])[0]
                     self.note = (
                         f"decode steps of <= {self.max_rows} rows compiled; larger ones run "
-                        f"eager ({type(e).__name__} at {rows} rows: {first[:200]})"
+                        f"eager ({type(e).__name__} at {rows} rows: {first_line(e)})"
                     )
                     log.warning("enable_torch_compile: %s", self.note)
                     return
+
+
+def first_line(e: Exception) -> str:
+    """An error's first line, at most 200 characters (Inductor's run to pages)."""
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def directory_mb(path: Path) -> float:

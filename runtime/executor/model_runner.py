@@ -22,7 +22,7 @@ from ..models.weights import FORMS, Int4Weight
 from ..weight_plan import WeightPlan, plan_weights
 from .attention import make_attention_backend
 from .calibrate import calibration_ids, input_maxima
-from .compiled import CompiledDecode
+from .compiled import CompiledDecode, first_line
 from .forward_batch import ForwardBatch
 from .memory import KVPool, ReqToTokenPool, SlotAllocator
 
@@ -79,10 +79,9 @@ class ModelRunner:
                 )
                 self.compile_note = compiled.note
             except Exception as e:  # noqa: BLE001 - a form Inductor cannot lower runs eager
-                first = (str(e).strip().splitlines() or [""])[0]
                 self.compile_note = (
                     f"off: the {self.plan.linear_form!r} linears did not compile "
-                    f"({type(e).__name__}: {first[:200]})"
+                    f"({type(e).__name__}: {first_line(e)})"
                 )
                 log.warning("enable_torch_compile: %s; running eager", self.compile_note)
         needs = [n for n, on in (("sliding_window", mc.sliding_window), ("attn_logit_softcapping",
