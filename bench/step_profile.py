@@ -3,9 +3,12 @@
 and the forward's operators grouped by class under torch.profiler.
 
     python -m stemma.bench.step_profile [--dtype auto] [--quantization int4] [--batch 1]
+        [--enable-torch-compile]
 
 The engine core runs in this thread (runtime/engine_core.py, as the engine's loop runs it),
 so the phases are exact; the HTTP server and the engine's thread hand-off are not included.
+With --enable-torch-compile the decode step is the compiled graph (executor/compiled.py),
+its fused kernels profiled one by one (Inductor's kernel profiling, on for this bench).
 Results: a table on stdout and JSON lines in bench/results/step_profile.jsonl.
 """
 
@@ -37,15 +40,39 @@ OP_CLASSES = [
     ("attention", ("attention", "sdpa", "softmax")),
     ("norm", ("rms_norm", "norm", "rsqrt", "pow", "mean")),
     ("rope", ("rope", "cos", "sin")),
-    ("copy / index / view", ("copy", "index", "cat", "gather", "scatter", "view", "reshape",
-                             "select", "slice", "expand", "contiguous", "empty", "zeros", "fill",
-                             "transpose", "unsqueeze", "as_strided", "clone", "stack")),
+    (
+        "copy / index / view",
+        (
+            "copy",
+            "index",
+            "cat",
+            "gather",
+            "scatter",
+            "view",
+            "reshape",
+            "select",
+            "slice",
+            "expand",
+            "contiguous",
+            "empty",
+            "zeros",
+            "fill",
+            "transpose",
+            "unsqueeze",
+            "as_strided",
+            "clone",
+            "stack",
+        ),
+    ),
     ("elementwise", ("add", "mul", "silu", "gelu", "sub", "div", "neg", "where", "masked")),
-]  # fmt: skip
+]
+COMPILED_CLASS = "compiled fused kernels"  # Inductor's generated kernels (cpp_fused_*)  # fmt: skip
 
 
 def op_class(name: str) -> str:
     short = name.split("::")[-1].lower()
+    if short.startswith(("cpp_fused", "graph_")):
+        return COMPILED_CLASS
     if short == "to":
         return "copy / index / view"
     for label, keys in OP_CLASSES:
@@ -98,10 +125,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--quantization", default=None, help="int8 | int4 | w8a8_int8")
     p.add_argument("--profile-steps", type=int, default=32, help="steps under torch.profiler")
+    p.add_argument("--enable-torch-compile", action="store_true", help="the compiled step")
     args = p.parse_args(argv)
     cfg = EngineConfig(
-        model=args.model, dtype=args.dtype, kv_cache_mb=256, quantization=args.quantization
+        model=args.model,
+        dtype=args.dtype,
+        kv_cache_mb=256,
+        quantization=args.quantization,
+        enable_torch_compile=args.enable_torch_compile,
     )
+    if args.enable_torch_compile:  # each generated kernel a profiler event of its own
+        torch._inductor.config.cpp.enable_kernel_profile = True
     dtype = resolve_dtype(cfg.dtype, cfg.device)
     loaded, runner, plan = load_runner(cfg, str(resolve_checkpoint(cfg.model)), dtype)
     vocab = loaded.config.vocab_size
@@ -152,10 +186,15 @@ def main(argv: list[str] | None = None) -> None:
         forms += f", the GGUF's own {plan.own_form} blocks for steps of <= {plan.own_rows} rows"
     if plan.own_vocab_form:
         forms += f", its {plan.own_vocab_form} vocabulary for <= {plan.own_vocab_rows} rows"
+    if runner.model.compiled is not None:
+        forms += f"; compiled step ({runner.compile_note or 'every decode step'})"
+    elif args.enable_torch_compile:
+        forms += f"; compiled step {runner.compile_note}"
     print(f"{steps} decode steps, batch {args.batch}, dtype {dtype.name}, {forms}")
     print(f"step: {step_ms:.2f} ms median ({1e3 / step_ms * args.batch:.1f} tok/s)")
     print_table(rows, ["part", "median_ms", "share", "ops_per_step"])
     common = {"model": args.model, "dtype": dtype.name, "batch": args.batch, "step_ms": step_ms}
+    common["compiled"] = runner.model.compiled is not None
     common |= {"linear_form": plan.linear_form, "vocab_form": plan.vocab_form}
     rows = [{**common, "workload": f"decode b={args.batch}", **r} for r in rows]
     print("appended to", append_results("step_profile", rows))

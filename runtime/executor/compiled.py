@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch._inductor.config
-import torch.nn.functional as F
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from ..models.layers import compiled_row_limit, form_row_limits
@@ -59,7 +58,6 @@ class DenseAttention:
         self.last = seq_lens[:, None] - 1  # each request's query position, [B, 1]
         self.col = col[None, :]
         self.visible = self.col <= self.last  # [B, capacity]
-        self.bias: torch.Tensor | None = None
 
     def __call__(self, q, k, v, a: Attention) -> torch.Tensor:
         i = a.layer_id
@@ -74,18 +72,22 @@ class DenseAttention:
                 mask = mask & (self.col > self.last - a.window)
             o = masked_attention(q[:, None], kd, vd, mask[:, None], a.sm_scale, a.softcap)
             return o[:, 0]
-        if self.bias is None:  # 0 / -inf, [B, 1, 1, capacity]
-            bias = torch.zeros(self.visible.shape, dtype=q.dtype, device=q.device)
-            self.bias = bias.masked_fill(~self.visible, float("-inf"))[:, None, None]
-        o = F.scaled_dot_product_attention(
-            q[:, :, None],
-            kd.transpose(1, 2),
-            vd.transpose(1, 2),
-            attn_mask=self.bias,
-            scale=a.sm_scale,
-            enable_gqa=True,
-        )  # [B, num_heads, 1, head_dim]
-        return o[:, :, 0]
+        return decode_attention(q, kd, vd, self.visible, a.sm_scale)
+
+
+def decode_attention(q, k, v, visible, sm_scale: float) -> torch.Tensor:
+    """One query per request over its dense K/V, as sums rather than matmuls: q [B, H, D],
+    k / v [B, capacity, Hkv, D], visible [B, capacity] -> [B, H, D]. Inductor fuses each
+    sum into one loop over the copy (a matmul or SDPA would be a library call per layer,
+    whose dispatch outweighs a single query's work), in float32 at least, as SDPA computes."""
+    B, H, D = q.shape
+    Hkv, wide = k.shape[2], torch.promote_types(q.dtype, torch.float32)
+    qg = q.view(B, 1, Hkv, H // Hkv, D).to(wide)
+    s = (qg * k[:, :, :, None].to(wide)).sum(-1) * sm_scale  # [B, capacity, Hkv, G]
+    s = s.masked_fill(~visible[:, :, None, None], float("-inf"))
+    p = s.softmax(1)
+    o = (p[..., None] * v[:, :, :, None].to(wide)).sum(1)  # [B, Hkv, G, D]
+    return o.reshape(B, H, D).to(q.dtype)
 
 
 def decode_graph(

@@ -3,7 +3,9 @@ what eager gives in float64 (to the float32 rounding of the norms), alone and in
 symbolic row count), across the dense K/V copy's regrowth (the symbolic capacity) and over
 K/V it wrote into the pool (a prefix hit later reads them), for a Llama and a Gemma 2 (sliding
 windows, soft caps, sandwich norms); a form that does not compile caps the rows it takes or
-runs eager, and model info says why."""
+runs eager, and model info says why; with prompt-lookup drafts (NGRAM), whose verify steps
+run eager between the graph's steps, the output is still what eager decoding without drafts
+gives."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.executor import compiled
+from stemma.runtime.scheduler.speculative import StepCost
 
 from .families import build_family
 
@@ -69,6 +72,42 @@ def test_compiled_step_equals_eager_in_float64(family, tiny_llama_dir, tmp_path_
     # reduction sums in another order, so values agree to float32 rounding, not bit for bit.
     for a, b in zip(lp_compiled, lp_eager):
         assert a == pytest.approx(b, abs=2e-5)
+
+
+class FlatCost(StepCost):
+    """Every step measured at 10 ms whatever its rows, so drafting always pays (the tiny
+    model's real costs would have the budget decline drafts next to the graph's steps)."""
+
+    def record(self, rows: int, drafted: bool, seconds: float) -> None:
+        super().record(rows, drafted, 0.01)
+
+
+def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
+    """Draft steps run eager (several rows per request) between the graph's steps: prompt
+    lookup's drafts, which this random model rejects, and a regex's forced text, which it
+    accepts. The graph must go on from the context the accepted tokens left, not from a
+    copy a rejected draft touched."""
+    regex = "the keeper climbed [a-z]{6} the stairs [a-z]{6} and the keeper climbed [a-z]{9}"
+    loop = [5, 9, 23, 7, 11, 40, 3, 8]
+    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    outs, calls = {}, []
+    for spec, compile_on in ((None, False), ("NGRAM", True)):
+        cfg = {"dtype": "float64", "kv_cache_mb": 16, "enable_torch_compile": compile_on}
+        cfg |= {"cache_dir": str(tmp_path / "cache"), "speculative_algorithm": spec}
+        with Engine(model_path=str(tiny_llama_dir), **cfg) as e:
+            if compile_on:
+                graph = e.runner.model.compiled._step
+                e.runner.model.compiled._step = lambda *a, g=graph: calls.append(1) or g(*a)
+                e.core.outputs.budget.cost = FlatCost()
+            outs[spec] = e.generate(
+                input_ids=[loop * 4, [17, 2, 90]],
+                sampling_params=[params, params | {"regex": regex}],
+            )
+    assert [o["output_ids"] for o in outs["NGRAM"]] == [o["output_ids"] for o in outs[None]]
+    lookup, forced = (o["meta_info"] for o in outs["NGRAM"])
+    assert lookup["spec_num_proposed_drafts"] > lookup["spec_num_correct_drafts"]  # rejected
+    assert forced["spec_num_correct_drafts"] > 0  # accepted
+    assert calls  # and the graph ran the steps without drafts
 
 
 def test_flags_and_limits():
