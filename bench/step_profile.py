@@ -40,33 +40,12 @@ OP_CLASSES = [
     ("attention", ("attention", "sdpa", "softmax")),
     ("norm", ("rms_norm", "norm", "rsqrt", "pow", "mean")),
     ("rope", ("rope", "cos", "sin")),
-    (
-        "copy / index / view",
-        (
-            "copy",
-            "index",
-            "cat",
-            "gather",
-            "scatter",
-            "view",
-            "reshape",
-            "select",
-            "slice",
-            "expand",
-            "contiguous",
-            "empty",
-            "zeros",
-            "fill",
-            "transpose",
-            "unsqueeze",
-            "as_strided",
-            "clone",
-            "stack",
-        ),
-    ),
+    ("copy / index / view", ("copy", "index", "cat", "gather", "scatter", "view", "reshape",
+                             "select", "slice", "expand", "contiguous", "empty", "zeros", "fill",
+                             "transpose", "unsqueeze", "as_strided", "clone", "stack")),
     ("elementwise", ("add", "mul", "silu", "gelu", "sub", "div", "neg", "where", "masked")),
-]
-COMPILED_CLASS = "compiled fused kernels"  # Inductor's generated kernels (cpp_fused_*)  # fmt: skip
+]  # fmt: skip
+COMPILED_CLASS = "compiled fused kernels"  # Inductor's generated kernels (cpp_fused_*)
 
 
 def op_class(name: str) -> str:
@@ -186,10 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         forms += f", the GGUF's own {plan.own_form} blocks for steps of <= {plan.own_rows} rows"
     if plan.own_vocab_form:
         forms += f", its {plan.own_vocab_form} vocabulary for <= {plan.own_vocab_rows} rows"
-    if runner.model.compiled is not None:
-        forms += f"; compiled step ({runner.compile_note or 'every decode step'})"
-    elif args.enable_torch_compile:
-        forms += f"; compiled step {runner.compile_note}"
+    if args.enable_torch_compile:  # the note says what the graph leaves out, or why it is off
+        forms += f"; compiled step: {runner.compile_note or 'every decode step'}"
     print(f"{steps} decode steps, batch {args.batch}, dtype {dtype.name}, {forms}")
     print(f"step: {step_ms:.2f} ms median ({1e3 / step_ms * args.batch:.1f} tok/s)")
     print_table(rows, ["part", "median_ms", "share", "ops_per_step"])

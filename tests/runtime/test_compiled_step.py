@@ -3,9 +3,9 @@ what eager gives in float64 (to the float32 rounding of the norms), alone and in
 symbolic row count), across the dense K/V copy's regrowth (the symbolic capacity) and over
 K/V it wrote into the pool (a prefix hit later reads them), for a Llama and a Gemma 2 (sliding
 windows, soft caps, sandwich norms); a form that does not compile caps the rows it takes or
-runs eager, and model info says why; with prompt-lookup drafts (NGRAM), whose verify steps
-run eager between the graph's steps, the output is still what eager decoding without drafts
-gives."""
+runs eager, and model info says why; with drafts (prompt lookup's, a regex's forced text),
+whose verify steps run eager between the graph's steps, the output is still what eager
+decoding gives."""
 
 from __future__ import annotations
 
