@@ -1,6 +1,14 @@
 """Engine: the in-process serving runtime. Callers submit /generate-shaped requests from any
 thread (or asyncio task); one engine thread runs the scheduler loop and pushes each request's
 outputs to its caller. A failing batch fails its requests, never the loop.
+
+The engine thread also loads the model (the constructor waits for it), so every parallel
+region of the engine's torch work runs on that one thread. torch's CPU ops run parallel
+regions through OpenMP, and libgomp keeps a team of worker threads for each thread that ever
+opened one, for as long as that thread lives. A load on the caller's thread would leave the
+caller's team idle beside the engine thread's: more OpenMP threads than cores, so libgomp
+stops spinning at barriers and every region of a step waits on a futex instead. That cost
+single-stream decode half its speed (bench/results/engine_thread.jsonl).
 """
 
 from __future__ import annotations
@@ -62,6 +70,27 @@ class Engine:
         self.dtype = resolve_dtype(cfg.dtype, cfg.device)
         self.unavailable: str | None = None  # why new requests are refused, once they are
         self.tp: TensorParallel | None = None
+        started: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._run, args=(cfg, started.put), name="stemma-engine", daemon=True
+        )
+        self._thread.start()
+        if (error := started.get()) is not None:
+            self._thread.join()
+            raise error
+
+    # ---- engine thread: start -------------------------------------------------------------
+    def _run(self, cfg: EngineConfig, started: Callable[[BaseException | None], None]) -> None:
+        """The engine thread's life: load (the constructor waits), then serve until Stop."""
+        try:
+            self._start(cfg)
+        except BaseException as e:  # noqa: BLE001 - the constructor raises it
+            started(e)
+            return
+        started(None)
+        self._loop()
+
+    def _start(self, cfg: EngineConfig) -> None:
         # A GGUF converts once, before any worker starts.
         ckpt = resolve_checkpoint(cfg.model, Path(cfg.cache_dir) if cfg.cache_dir else None)
         try:
@@ -74,7 +103,8 @@ class Engine:
             raise
 
     def _load(self, cfg: EngineConfig, ckpt: str) -> None:
-        """Load rank 0's model (TP workers load theirs meanwhile), then start the loop."""
+        """Load rank 0's model (TP workers load theirs meanwhile) and everything the loop
+        reads."""
         self.faults = Faults(cfg.enable_fault_injection)
         loaded, self.runner, plan = load_runner(cfg, ckpt, self.dtype, self.faults, self.tp)
         self.dtype = self.dtype.noting(plan.reason)
@@ -103,8 +133,6 @@ class Engine:
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._gate = QueueGate()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="stemma-engine", daemon=True)
-        self._thread.start()
 
     # ---- public API -----------------------------------------------------------------------
     def generate(self, text=None, sampling_params=None, input_ids=None, **fields: Any):
