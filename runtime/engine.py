@@ -67,7 +67,6 @@ class Engine:
         self.config = cfg = EngineConfig.from_kwargs(model=model, **config)
         if cfg.num_threads or (cfg.tp_size > 1 and cfg.device == "cpu"):
             torch.set_num_threads(cfg.num_threads or 1)  # one per rank: ranks share the cores
-        self.dtype = resolve_dtype(cfg.dtype, cfg.device)
         self.unavailable: str | None = None  # why new requests are refused, once they are
         self.tp: TensorParallel | None = None
         started: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
@@ -91,6 +90,8 @@ class Engine:
         self._loop()
 
     def _start(self, cfg: EngineConfig) -> None:
+        # An explicit dtype this CPU runs slowly is measured: here, as every other matmul.
+        self.dtype = resolve_dtype(cfg.dtype, cfg.device)
         # A GGUF converts once, before any worker starts.
         ckpt = resolve_checkpoint(cfg.model, Path(cfg.cache_dir) if cfg.cache_dir else None)
         try:

@@ -23,6 +23,7 @@ def test_the_model_loads_and_runs_on_the_engine_thread(tiny_llama_dir, monkeypat
 
         monkeypatch.setattr(engine_module, name, wrapped)
 
+    record("resolve_dtype", engine_module.resolve_dtype)
     record("resolve_checkpoint", engine_module.resolve_checkpoint)
     record("load_runner", engine_module.load_runner)
     record("build_core", engine_module.build_core)
@@ -30,7 +31,7 @@ def test_the_model_loads_and_runs_on_the_engine_thread(tiny_llama_dir, monkeypat
         out = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4})
         assert out["meta_info"]["completion_tokens"] == 4
         step_thread = engine._call(threading.current_thread)
-    assert set(seen) == {"resolve_checkpoint", "load_runner", "build_core"}
+    assert set(seen) == {"resolve_dtype", "resolve_checkpoint", "load_runner", "build_core"}
     assert all(t is step_thread for t in seen.values()), seen
     assert step_thread is not threading.current_thread()
 
