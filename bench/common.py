@@ -145,6 +145,68 @@ def paired_speedup(baseline: list[float], candidate: list[float]) -> float:
     return statistics.median(b / c for b, c in zip(baseline, candidate, strict=True))
 
 
+class EngineProcess:
+    """An Engine in a child process of its own, called over a pipe. An A/B of two engines
+    holds one per process: two Engines in one process each keep an OpenMP team on their
+    threads, more OpenMP threads than cores, and every parallel region then waits on a futex
+    (runtime/engine.py), on both sides of the A/B. An idle child's threads sleep and take no
+    CPU from the one that runs."""
+
+    def __init__(self, model: str, **options: Any) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no copy of this process's threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_engine, args=(child, model, options), daemon=True)
+        self._proc.start()
+        child.close()
+        self._reply()  # the load's outcome: raises what the constructor raised
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """engine.method(*args, **kwargs) in the child; its exception re-raised here."""
+        self._conn.send((method, args, kwargs))
+        return self._reply()
+
+    def attr(self, path: str) -> Any:
+        """A (dotted) attribute of the child's engine, e.g. "runner.plan.linear_form"."""
+        return self.call("__attr__", path)
+
+    def shutdown(self) -> None:
+        if self._proc.is_alive():
+            self._conn.send(None)
+            self._proc.join()
+
+    def _reply(self) -> Any:
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"engine process: {value}")
+        return value
+
+
+def _serve_engine(conn: Any, model: str, options: dict[str, Any]) -> None:
+    from functools import reduce
+
+    from ..runtime.engine import Engine
+
+    try:
+        engine = Engine(model, **options)
+    except Exception as e:  # noqa: BLE001 - handed to the parent, which raises it
+        conn.send((False, f"{type(e).__name__}: {e}"))
+        return
+    conn.send((True, None))
+    with engine:
+        while (job := conn.recv()) is not None:
+            method, args, kwargs = job
+            try:
+                if method == "__attr__":
+                    value = reduce(getattr, args[0].split("."), engine)
+                else:
+                    value = getattr(engine, method)(*args, **kwargs)
+                conn.send((True, value))
+            except Exception as e:  # noqa: BLE001 - handed to the parent, which raises it
+                conn.send((False, f"{type(e).__name__}: {e}"))
+
+
 def append_results(
     name: str,
     rows: list[dict[str, Any]],

@@ -1,4 +1,6 @@
-"""One engine option against the engine without it, in one process, interleaved.
+"""One engine option against the engine without it, interleaved, each engine in a process of
+its own (bench/common.EngineProcess). Rows without "engine_processes" held both engines in
+one process, each run paying for the other's OpenMP team (runtime/engine.py).
 
     python -m stemma.bench.config_ab --candidate '{"enable_torch_compile": true}'
     python -m stemma.bench.config_ab --candidate '{"speculative_algorithm": "NGRAM"}' \\
@@ -24,10 +26,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..runtime.engine import Engine
 from ..runtime.executor.compiled import directory_mb
 from ..runtime.models.loader import default_cache_dir
-from .common import append_results, bench_parser, interleaved_times, paired_speedup, print_table
+from .common import (
+    EngineProcess,
+    append_results,
+    bench_parser,
+    interleaved_times,
+    paired_speedup,
+    print_table,
+)
 
 START = """
 import json, sys
@@ -55,14 +63,14 @@ def start_up(model: str, candidate: dict[str, Any], config: dict[str, Any]) -> d
     return {"compile_warm_s": float(warm.stdout.strip().splitlines()[-1])}
 
 
-def round_prompts(kind: str, batch: int, r: int, engine: Engine, rng: random.Random) -> dict:
+def round_prompts(kind: str, batch: int, r: int, engine: EngineProcess, rng: random.Random) -> dict:
     """One round's prompts: random 32-token ones, or chat requests to repeat a paragraph."""
     if kind == "random":
-        vocab = engine.vocab_size
+        vocab = engine.attr("vocab_size")
         return {"input_ids": [[rng.randrange(100, vocab) for _ in range(32)] for _ in range(batch)]}
     ask = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"
     chats = [[{"role": "user", "content": f"({r}.{i}) {ask}"}] for i in range(batch)]
-    return {"text": [engine.apply_chat_template(c) for c in chats]}
+    return {"text": [engine.call("apply_chat_template", c) for c in chats]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,11 +91,11 @@ def main(argv: list[str] | None = None) -> None:
     config = {"dtype": args.dtype, "quantization": args.quantization, "kv_cache_mb": 512}
     if "enable_torch_compile" in candidate:
         candidate = {"cache_dir": str(cache), **candidate}
-    engines = {
-        "baseline": Engine(args.model, **config),
-        "candidate": Engine(args.model, **(config | candidate)),  # the candidate's options win
+    engines = {  # a process each (EngineProcess says why)
+        "baseline": EngineProcess(args.model, **config),
+        "candidate": EngineProcess(args.model, **(config | candidate)),  # its options win
     }
-    info = engines["candidate"].get_model_info()
+    info = engines["candidate"].call("get_model_info")
     startup: dict[str, Any] = {}
     if info["torch_compile_s"] is not None:
         startup = {"compile_cold_s": info["torch_compile_s"]}
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         def run(name, rounds=rounds, params=params, outs=outs, batch=batch, calls=calls) -> None:
             prompts = rounds[calls[name]]
             calls[name] += 1
-            res = engines[name].generate(sampling_params=[params] * batch, **prompts)
+            res = engines[name].call("generate", sampling_params=[params] * batch, **prompts)
             outs[name] = [o["output_ids"] for o in res]
 
         times = interleaved_times({n: (lambda n=n: run(n)) for n in engines}, args.rounds)
@@ -120,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                 "model": args.model,
                 "dtype": args.dtype,
                 "quantization": args.quantization,
-                "linear_form": base.runner.plan.linear_form,
+                "linear_form": base.attr("runner.plan.linear_form"),
                 "prompt": args.prompt,
                 "batch": batch,
                 "new_tokens": args.new,
@@ -128,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                 "candidate_tok_s": tok["candidate"],
                 "speedup": round(paired_speedup(times["baseline"], times["candidate"]), 3),
                 "same_outputs": same,
+                "engine_processes": True,
                 **startup,
                 "seconds": times,
             }
