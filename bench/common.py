@@ -171,6 +171,22 @@ class EngineProcess:
         """A (dotted) attribute of the child's engine, e.g. "runner.plan.linear_form"."""
         return self.call("__attr__", path)
 
+    def __getattr__(self, name: str) -> Any:
+        """engine.name as the child has it: a method becomes a call over the pipe, any other
+        attribute comes back as a copy (so `engine.generate(...)`, `engine.dtype.name` read as
+        on an Engine; not thread-safe, one caller at a time)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self.call("__is_method__", name):
+            return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+        return self.attr(name)
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def shutdown(self) -> None:
         if self._proc.is_alive():
             self._conn.send(None)
@@ -200,6 +216,8 @@ def _serve_engine(conn: Any, model: str, options: dict[str, Any]) -> None:
             try:
                 if method == "__attr__":
                     value = reduce(getattr, args[0].split("."), engine)
+                elif method == "__is_method__":
+                    value = callable(getattr(engine, args[0]))
                 else:
                     value = getattr(engine, method)(*args, **kwargs)
                 conn.send((True, value))

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..runtime.engine import Engine
 from ..runtime.scheduler import output_processor
-from .common import append_results, print_table
+from .common import EngineProcess, append_results, print_table
 from .tool_schemas import TOOL_NAMES, tool_call, weather_args
 
 TOOL_SCHEMA = tool_call(weather_args(max_city_len=24, days={"enum": list(range(1, 8))}), TOOL_NAMES)
@@ -41,7 +41,7 @@ SYSTEM = (
 PROMPT_STYLES = ("tools in system prompt", "bare request")
 
 
-def prompts(engine: Engine, num: int, style: str = PROMPT_STYLES[0]) -> list[str]:
+def prompts(engine: Engine | EngineProcess, num: int, style: str = PROMPT_STYLES[0]) -> list[str]:
     out = []
     for i in range(num):
         city, days = CITIES[i % len(CITIES)], i % 7 + 1
@@ -66,7 +66,7 @@ def prompts(engine: Engine, num: int, style: str = PROMPT_STYLES[0]) -> list[str
     return out
 
 
-def tool_calls(engine: Engine, texts: list[str]) -> tuple[list[str], float, float]:
+def tool_calls(engine: Engine | EngineProcess, texts: list[str]) -> tuple[list[str], float, float]:
     """(outputs, forward passes per object, seconds per object), one request at a time."""
     params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(TOOL_SCHEMA)}
     outs, steps, secs = [], [], []
@@ -81,9 +81,9 @@ def tool_calls(engine: Engine, texts: list[str]) -> tuple[list[str], float, floa
 
 def bench_jump_forward(args) -> list[dict[str, Any]]:
     rows = []
-    with (
-        Engine(args.model, dtype=args.dtype, grammar_backend=args.grammar_backend) as on,
-        Engine(
+    with (  # a process each (EngineProcess says why)
+        EngineProcess(args.model, dtype=args.dtype, grammar_backend=args.grammar_backend) as on,
+        EngineProcess(
             args.model,
             dtype=args.dtype,
             grammar_backend=args.grammar_backend,

@@ -7,7 +7,7 @@ Workloads (greedy, EOS ignored so every config does the same work):
   decode1:    one request, 50-token prompt, 128 new tokens (single-stream decode)
   decode8:    8 requests at once, 50-token prompts, 64 new tokens
   parallel32: 32 requests at once, distinct 200-token prompts, 64 new tokens
-Every config is one Engine in this process; each round runs every config once, in
+Every config is one Engine in a process of its own; each round runs every config once, in
 alternating order, so machine drifts hit all alike. Reported per workload: the median
 seconds of each config, and the median over rounds of auto's time over the fastest
 explicit dtype's in the same round ("auto_vs_best": 1.0 = as fast, 1.05 = 5% slower).
@@ -27,9 +27,8 @@ from typing import Any
 import torch
 
 from ..runtime.dtype_policy import auto_dtype, cpu_has_native_bf16, cpu_isa
-from ..runtime.engine import Engine
 from ..runtime.models.loader import resolve_checkpoint
-from .common import append_results, interleaved_times, print_table
+from .common import EngineProcess, append_results, interleaved_times, print_table
 
 EXPLICIT = ("float32", "bfloat16")
 QUANTIZED = ("int8", "int4", "w8a8_int8", "none")
@@ -53,12 +52,12 @@ def engine_kwargs(config: str) -> dict[str, Any]:
     return {"dtype": config}
 
 
-def prompt_ids(engine: Engine, n_tokens: int, salt: int) -> list[int]:
+def prompt_ids(engine: EngineProcess, n_tokens: int, salt: int) -> list[int]:
     ids = engine.tokenize(f"Story {salt}: " + STORY * (n_tokens // 30 + 2))
     return ids[:n_tokens]
 
 
-def workload(engine: Engine, name: str) -> None:
+def workload(engine: EngineProcess, name: str) -> None:
     shape = {"decode1": (1, 50, 128), "decode8": (8, 50, 64), "parallel32": (32, 200, 64)}
     batch, prompt_len, new = shape[name]
     prompts = [prompt_ids(engine, prompt_len, i) for i in range(batch)]
@@ -68,7 +67,7 @@ def workload(engine: Engine, name: str) -> None:
 
 
 def accuracy(
-    engines: dict[str, Engine], reference: Engine, ckpt: str, hf_dtypes: list[str]
+    engines: dict[str, EngineProcess], reference: EngineProcess, ckpt: str, hf_dtypes: list[str]
 ) -> list[dict[str, Any]]:
     """Teacher-forced agreement with `reference` (float32) and perplexity on STORY, for each
     engine and for HF transformers in each of hf_dtypes (on the checkpoint directory ckpt)."""
@@ -77,7 +76,7 @@ def accuracy(
     prompts = [reference.tokenize(p) for p in ACCURACY_PROMPTS]
     story = reference.tokenize(STORY * 4)
 
-    def measure(engine: Engine) -> tuple[list[int], float]:
+    def measure(engine: EngineProcess) -> tuple[list[int], float]:
         outs = engine.generate(input_ids=prompts, sampling_params=params, **fields)
         tops = [t[0][1] for o in outs for t in o["meta_info"]["input_top_logprobs"][1:]]
         [out] = engine.generate(input_ids=[story], sampling_params=params, **fields)
@@ -128,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hf-dtypes", default="float32,bfloat16", help="HF's accuracy beside ours")
     args = p.parse_args(argv)
     configs = args.configs.split(",")
-    engines = {c: Engine(args.model, kv_cache_mb=512, **engine_kwargs(c)) for c in configs}
+    # a process each (bench/common.EngineProcess says why)
+    engines = {c: EngineProcess(args.model, kv_cache_mb=512, **engine_kwargs(c)) for c in configs}
     machine = {
         "cpu_isa": cpu_isa(),
         "native_bf16": cpu_has_native_bf16(),

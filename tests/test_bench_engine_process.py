@@ -21,6 +21,10 @@ def test_calls_and_attributes_cross_the_pipe(tiny_llama_dir):
         with pytest.raises(RuntimeError, match="ValueError"):  # bad input, named
             engine.call("generate", input_ids=[1], sampling_params={"max_new_tokens": -1})
         assert engine.call("tokenize", "hello")  # the child still serves after an error
+        # Read as on an Engine: methods call over the pipe, other attributes come as copies.
+        assert engine.tokenize("hello") == engine.call("tokenize", "hello")
+        assert engine.dtype.name == "float32"
+        assert engine.config.kv_cache_mb == 8
     finally:
         engine.shutdown()
     assert not engine._proc.is_alive()
