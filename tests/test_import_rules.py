@@ -24,7 +24,8 @@ HEAVY = ("torch", "numpy", "triton", "transformers")
 # the shared leaves, never one before it.
 CHAIN = ["server", "engine", "scheduler", "executor", "models"]
 SIDE = {"sampling": {"shared"}, "constrained": {"sampling", "shared"}, "shared": set()}
-ENGINE_MODULES = {"engine", "engine_core", "engine_state", "inbox", "inprocess", "io_struct"}
+ENGINE_MODULES = {"engine", "engine_core", "engine_loop", "engine_state", "inbox", "inprocess"}
+ENGINE_MODULES |= {"io_struct"}
 ENGINE_MODULES |= {"limits", "outbox"}
 # constraint: the public stemma.Constraint
 ENGINE_MODULES |= {"response", "constraint", "cpu_caches"}
