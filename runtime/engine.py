@@ -188,6 +188,11 @@ class Engine(EngineLoop):
                 else None
             ),
             "torch_compile_note": self.runner.compile_note,
+            "torch_compile_package": (  # the one-row step's, executor/compiled_aot.py
+                {"path": str(single.path), "from_cache": not single.built}
+                if compiled is not None and (single := compiled._single) is not None
+                else None
+            ),
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(tok.eos_token_ids),

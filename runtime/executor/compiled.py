@@ -14,12 +14,14 @@ symbolic, so one graph serves every context length. Steps it does not take run e
 prefills, drafts, steps over a shared prefix (cascade), and batches the dense copy does not
 hold (over its budget).
 
-Dynamo specializes one row (batch 1) and makes the row count symbolic at the second size
-it sees; `warm_up` compiles both at start, and one row past each limit where a linear
-changes form (weights/few_rows.py). A form Inductor cannot trace (WeightForm.compiles:
-oneDNN-packed bfloat16) caps the rows the graph takes below the rows it multiplies, and so
-does a size that fails to compile. Inductor caches the compiled code on disk (`cache_dir`),
-so a later start loads it.
+A one-row step runs the same graph compiled ahead of time (compiled_aot.py: no Dynamo
+guards, no Python between its kernels); Dynamo's graph takes the steps of more rows, the row
+count symbolic from two rows on. `warm_up` builds both at start, and compiles one row past
+each limit where a linear changes form (weights/few_rows.py). Where the one-row package
+cannot be built, Dynamo's graph takes one row too, specialized. A form Inductor cannot trace
+(WeightForm.compiles: oneDNN-packed bfloat16) caps the rows the graph takes below the rows it
+multiplies, and so does a size that fails to compile. Inductor caches the compiled code on
+disk (`cache_dir`; the package beside it, in `aot/`), so a later start loads it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from ..models.layers import compiled_row_limit, form_row_limits
 from .attention import TorchAttnBackend, masked_attention
+from .compiled_aot import MIN_CAPACITY, SingleRowStep, build_single_row, inputs
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory import KVPool
 
@@ -137,6 +140,8 @@ class CompiledDecode:
         self._step = torch.compile(own, fullgraph=True, options=options)
         self.compile_s = 0.0  # warm_up's compile (or cache load) time
         self._run: list[torch.Tensor] | None = None  # the dense copy's K of the run it started
+        self.aot_dir: Path | None = None  # where the one-row package is kept (build sets it)
+        self._single: SingleRowStep | None = None  # the one-row step (compiled_aot.py)
 
     def forward(
         self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend
@@ -159,27 +164,24 @@ class CompiledDecode:
             self._run = dense.k
         elif dense.k is not self._run:  # a run an eager step started: its copy is unmarked
             return None
-        return self.model.project(
-            self._step(
-                self.model,
-                fb.input_ids,
-                fb.positions,
-                fb.seq_lens.long(),
-                attn.out_loc,
-                dense.flat_pos,
-                pool.k,
-                pool.v,
-                dense.k,
-                dense.v,
-            )
-        )
+        args = (fb.input_ids, fb.positions, fb.seq_lens.long(), attn.out_loc, dense.flat_pos)
+        kv = (pool.k, pool.v, dense.k, dense.v)
+        if fb.batch_size == 1 and self._single is not None and dense.capacity >= MIN_CAPACITY:
+            return self.model.project(self._single(inputs(*args, *kv)))
+        return self.model.project(self._step(self.model, *args, *kv))
 
     @classmethod
     def build(
-        cls, model: DecoderForCausalLM, pool: KVPool, max_rows: int, cache_dir: Path
+        cls,
+        model: DecoderForCausalLM,
+        pool: KVPool,
+        max_rows: int,
+        cache_dir: Path,
+        aot: bool = True,
     ) -> CompiledDecode:
         """The compiled step for `model` over `pool`, warmed up: its shapes compiled (or
-        loaded) now."""
+        loaded) now; `aot`: one row through a package (compiled_aot.py), kept beside
+        `cache_dir` in `aot/`."""
         cache_dir.mkdir(parents=True, exist_ok=True)
         # Round where eager rounds (a float32 norm inside a float64 or bfloat16 model), so the
         # compiled step gives eager's values rather than more precise ones.
@@ -187,6 +189,7 @@ class CompiledDecode:
         dynamo = torch._dynamo.config
         dynamo.cache_size_limit = max(dynamo.cache_size_limit, RECOMPILE_LIMIT)
         compiled = cls(model, max_rows)
+        compiled.aot_dir = cache_dir.parent / "aot" if aot else None
         start, depth = time.perf_counter(), sys.getrecursionlimit()
         try:
             with temporary_cache_dir(str(cache_dir)):  # not TORCHINDUCTOR_CACHE_DIR: torch
@@ -195,10 +198,11 @@ class CompiledDecode:
             sys.setrecursionlimit(depth)  # bounds on nested request bodies rely on it
         compiled.compile_s = time.perf_counter() - start
         log.info(
-            "compiled the decode step in %.1f s (Inductor cache: %s, %.1f MB)",
+            "compiled the decode step in %.1f s (Inductor cache: %s, %.1f MB; one-row package: %s)",
             compiled.compile_s,
             cache_dir,
             directory_mb(cache_dir),
+            "none" if compiled._single is None else compiled._single.path,
         )
         return compiled
 
@@ -209,10 +213,11 @@ class CompiledDecode:
 
     def warm_up(self, pool: KVPool) -> None:
         """Run the graph at each of warm_up_rows, so every compile happens now and none
-        inside a step. It writes K/V into the pool's first slots after the padding slot,
-        which no request holds yet. A row count that fails to compile (a form Inductor
-        cannot lower: oneDNN-packed bfloat16 wants frozen weights) caps max_rows below it;
-        at one row it raises (the engine then runs eager and says why).
+        inside a step; at one row, build the package instead where `aot_dir` is set (Dynamo's
+        graph then starts at two rows, symbolic). It writes K/V into the pool's first slots
+        after the padding slot, which no request holds yet. A row count that fails to compile
+        (a form Inductor cannot lower: oneDNN-packed bfloat16 wants frozen weights) caps
+        max_rows below it; at one row it raises (the engine then runs eager and says why).
 
         Dynamo guards on whether a tensor was made under inference mode, so each input is
         made as a step makes it: the batch's ids and positions outside it (ForwardBatch),
@@ -226,24 +231,49 @@ class CompiledDecode:
                 shape = (rows, 2, lay.num_kv_heads, cfg.head_dim)
                 dense_k = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in pool.k]
                 dense_v = [torch.zeros_like(t) for t in dense_k]
-                for t in (*dense_k, *dense_v):
-                    torch._dynamo.mark_dynamic(t, 1)
                 seq_lens = torch.ones(rows, dtype=torch.long, device=device)
                 loc = torch.arange(1, rows + 1, device=device)
                 flat = torch.arange(rows, device=device) * 2
-                args = (seq_lens, loc, flat, pool.k, pool.v, dense_k, dense_v)
-                try:
+            args = (seq_lens, loc, flat, pool.k, pool.v, dense_k, dense_v)
+            if (
+                rows == 1
+                and self.aot_dir is not None
+                and self._build_single(pool, (ids, positions, *args))
+            ):
+                continue
+            for t in (*dense_k, *dense_v):
+                torch._dynamo.mark_dynamic(t, 1)
+            if rows > 1:  # symbolic from the first size Dynamo compiles past one
+                for t in (ids, positions, seq_lens, loc, flat, *dense_k, *dense_v):
+                    torch._dynamo.mark_dynamic(t, 0)
+            try:
+                with torch.inference_mode():
                     self._step(model, ids, positions, *args)
-                except Exception as e:  # noqa: BLE001 - the rows before it stay compiled
-                    if rows == 1:
-                        raise
-                    self.max_rows = rows - 1
-                    self.note = (
-                        f"decode steps of <= {self.max_rows} rows compiled; larger ones run "
-                        f"eager ({type(e).__name__} at {rows} rows: {first_line(e)})"
-                    )
-                    log.warning("enable_torch_compile: %s", self.note)
-                    return
+            except Exception as e:  # noqa: BLE001 - the rows before it stay compiled
+                if rows == 1:
+                    raise
+                self.max_rows = rows - 1
+                self.note = (
+                    f"decode steps of <= {self.max_rows} rows compiled; larger ones run "
+                    f"eager ({type(e).__name__} at {rows} rows: {first_line(e)})"
+                )
+                log.warning("enable_torch_compile: %s", self.note)
+                return
+
+    def _build_single(self, pool: KVPool, example: tuple) -> bool:
+        """Build (or load) the one-row package; False, with a note, where that fails."""
+        assert self.aot_dir is not None
+        self.aot_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._single = build_single_row(self.model, decode_graph, pool, example, self.aot_dir)
+        except Exception as e:  # noqa: BLE001 - Dynamo's graph takes the row instead
+            self.note = (
+                f"one-row steps run through Dynamo's graph ({type(e).__name__} building "
+                f"their AOTInductor package: {first_line(e)})"
+            )
+            log.warning("enable_torch_compile: %s", self.note)
+            return False
+        return True
 
 
 def first_line(e: Exception) -> str:

@@ -75,7 +75,11 @@ class ModelRunner:
             cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
             try:
                 self.model.compiled = compiled = CompiledDecode.build(
-                    self.model, self.kv_pool, cfg.torch_compile_max_bs, cache / "inductor"
+                    self.model,
+                    self.kv_pool,
+                    cfg.torch_compile_max_bs,
+                    cache / "inductor",
+                    aot=cfg.torch_compile_aot,
                 )
                 self.compile_note = compiled.note
             except Exception as e:  # noqa: BLE001 - a form Inductor cannot lower runs eager

@@ -36,9 +36,12 @@ def run(ckpt, compile_on: bool, tmp_path, graph_calls: list) -> tuple[list, list
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     with Engine(model_path=str(ckpt), **cfg) as e:
         assert (e.get_model_info()["torch_compile_s"] is not None) == compile_on
-        if compile_on:  # count the steps the graph runs
-            step = e.runner.model.compiled._step
-            e.runner.model.compiled._step = lambda *a: graph_calls.append(1) or step(*a)
+        if compile_on:  # count the steps each graph runs: rows, and which one
+            graph = e.runner.model.compiled
+            assert graph._single is not None  # the one-row package (compiled_aot.py)
+            step, single = graph._step, graph._single
+            graph._step = lambda *a: graph_calls.append(a[1].shape[0]) or step(*a)
+            graph._single = lambda flat: graph_calls.append("package") or single(flat)
         alone = e.generate(input_ids=PROMPTS[0], sampling_params=params, return_logprob=True)
         batch = e.generate(
             input_ids=PROMPTS, sampling_params=[params] * len(PROMPTS), return_logprob=True
@@ -65,8 +68,10 @@ def test_compiled_step_equals_eager_in_float64(family, tiny_llama_dir, tmp_path_
     ids_eager, lp_eager = run(ckpt, False, tmp, calls)
     ids_compiled, lp_compiled = run(ckpt, True, tmp, calls)
     assert sys.getrecursionlimit() == depth  # Inductor's raise undone (the server relies on it)
-    # Every decode step but each request's first (its prefill's) ran the graph.
-    assert len(calls) >= 3 * (NEW_TOKENS - 1)
+    # Every decode step but each request's first (its prefill's) ran a graph: the one-row
+    # steps the package, the batch's Dynamo's graph (three rows).
+    assert calls.count("package") >= 2 * (NEW_TOKENS - 1)
+    assert calls.count(3) >= NEW_TOKENS - 1 and 1 not in calls
     assert ids_compiled == ids_eager
     # The norms normalize in float32 (as HF's do, even in a float64 model); Inductor's fused
     # reduction sums in another order, so values agree to float32 rounding, not bit for bit.
@@ -98,6 +103,8 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
             if compile_on:
                 graph = e.runner.model.compiled._step
                 e.runner.model.compiled._step = lambda *a, g=graph: calls.append(1) or g(*a)
+                single = e.runner.model.compiled._single
+                e.runner.model.compiled._single = lambda f, g=single: calls.append(1) or g(f)
                 e.core.outputs.budget.cost = FlatCost()
             outs[spec] = e.generate(
                 input_ids=[loop * 4, [17, 2, 90]],
@@ -231,3 +238,65 @@ def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_pat
     assert want[0] != pytest.approx(want[1], abs=1e-3)  # the two models differ
     for a, b in zip(got, want):
         assert a == pytest.approx(b, abs=2e-5)
+
+
+def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
+    """The one-row package (compiled_aot.py) is loaded, not built, at a second start with
+    the same weights, and gives the same step; weights that differ by one value get a
+    package of their own, whose step follows them; without it, Dynamo's graph takes one
+    row (aot=False, or a package that fails to build, which says why)."""
+    from stemma.runtime.executor import compiled_aot
+    from stemma.runtime.executor.memory import KVPool
+    from stemma.runtime.models.loader import load_decoder
+
+    net, _ = load_decoder(tiny_llama_dir, torch.float64, "cpu")
+    cfg = net.cfg
+    pool = KVPool(64, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float64)
+    cache = tmp_path / "inductor"
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        dense = [torch.randn(1, 9, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float64)
+                 for _ in range(2 * cfg.num_layers)]  # fmt: skip
+    half = cfg.num_layers
+    small = [torch.tensor([7]), torch.tensor([5]), torch.tensor([6]), torch.tensor([9])]
+
+    def step(graph) -> torch.Tensor:
+        flat = torch.tensor([5])
+        args = (*small, flat, pool.k, pool.v, dense[:half], dense[half:])
+        with torch.inference_mode():
+            return graph._single(compiled_aot.inputs(*args)).clone()
+
+    first = compiled.CompiledDecode.build(net, pool, 1, cache)
+    again = compiled.CompiledDecode.build(net, pool, 1, cache)
+    assert first._single.built and not again._single.built
+    assert again._single.path == first._single.path
+    with torch.inference_mode():
+        want = compiled.decode_graph(net, *small, torch.tensor([5]), pool.k, pool.v,
+                                     dense[:half], dense[half:])  # fmt: skip
+    assert torch.allclose(step(first), want, atol=1e-6) and torch.equal(step(again), step(first))
+    with torch.no_grad():
+        net.norm.weight[0] += 1.0
+    changed = compiled.CompiledDecode.build(net, pool, 1, cache)
+    assert changed._single.built and changed._single.path != first._single.path
+    assert not torch.allclose(step(changed), step(first))
+    assert len(list((tmp_path / "aot").glob("*.pt2"))) == 2  # no partial file left
+
+    assert compiled.CompiledDecode.build(net, pool, 1, cache, aot=False)._single is None
+    graph = compiled.CompiledDecode(net, 1)
+    graph.aot_dir = tmp_path / "aot"
+    rows: list = []
+    graph._step = lambda model, ids, *rest: rows.append(ids.shape[0])
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("g++ not found\nmore")
+
+    orig, compiled.build_single_row = compiled.build_single_row, fail
+    try:
+        graph.warm_up(pool)
+    finally:
+        compiled.build_single_row = orig
+    assert graph._single is None and rows == [1]  # Dynamo's graph took the row
+    assert graph.note == (
+        "one-row steps run through Dynamo's graph (RuntimeError building their AOTInductor "
+        "package: g++ not found)"
+    )

@@ -1,0 +1,119 @@
+"""The one-row decode step compiled ahead of time (AOTInductor): the graph compiled.py traces,
+exported with torch.export and built by Inductor into a shared library whose C++ wrapper calls
+its kernels. A step then runs without Dynamo's guard checks and without the Python function
+that calls Inductor's kernels one by one, about 1.5 ms of a 9 ms SmolLM2 step on a 2-core CPU
+(bench/results/compiled_aot.jsonl). Single-stream decode is where that overhead counts: steps
+of more rows keep the Dynamo graph (compiled.py).
+
+The library holds its own copy of the weights (Inductor folds some of them into the forms its
+kernels read, under names of its own, so they cannot be lent from the live model): one more
+copy of the decoder's weights in memory. The package is kept under the cache dir, named by a
+hash of torch's version, the exported graph, its inputs' and constants' shapes and dtypes, and
+the constants' bytes, so a later start with the same model and weight plan loads it instead of
+compiling (the export, a few seconds, runs at every start to compute that name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch._inductor.config
+
+if TYPE_CHECKING:
+    from ..models.decoder import DecoderForCausalLM
+    from .memory import KVPool
+
+MIN_CAPACITY = 2  # export's smallest symbolic size: a dense copy this wide or wider
+
+
+class _Step(torch.nn.Module):
+    """The graph's function as a module, for torch.export (the model's weights its own)."""
+
+    def __init__(self, model: DecoderForCausalLM, graph: Any) -> None:
+        super().__init__()
+        self.model, self.graph = model, graph
+
+    def forward(
+        self, ids, positions, seq_lens, out_loc, flat_pos, pool_k, pool_v, dense_k, dense_v
+    ):
+        return self.graph(
+            self.model,
+            ids,
+            positions,
+            seq_lens,
+            out_loc,
+            flat_pos,
+            pool_k,
+            pool_v,
+            dense_k,
+            dense_v,
+        )
+
+
+class SingleRowStep:
+    """A loaded package: call it with the step's inputs flattened, as `inputs` lists them."""
+
+    def __init__(self, path: Path, built: bool) -> None:
+        self.path, self.built = path, built  # built: compiled now, not loaded from the cache
+        self._run = torch._inductor.aoti_load_package(str(path)).loader.boxed_run
+
+    def __call__(self, flat: list[torch.Tensor]) -> torch.Tensor:
+        return self._run(flat)[0]
+
+
+def inputs(
+    ids, positions, seq_lens, out_loc, flat_pos, pool_k, pool_v, dense_k, dense_v
+) -> list[torch.Tensor]:
+    """The step's inputs in the package's order (its inputs as one flat list)."""
+    return [ids, positions, seq_lens, out_loc, flat_pos, *pool_k, *pool_v, *dense_k, *dense_v]
+
+
+def build_single_row(
+    model: DecoderForCausalLM, graph: Any, pool: KVPool, example: tuple, cache_dir: Path
+) -> SingleRowStep:
+    """Export `graph` (compiled.decode_graph) at one row over `example` (its arguments after
+    the model, the dense copy's capacity symbolic) and load its package from `cache_dir`, or
+    compile it there first."""
+    layers = len(pool.k)
+    capacity = torch.export.Dim("capacity", min=MIN_CAPACITY, max=1 << 24)
+    dense = [{1: capacity}] * layers
+    shapes = (None, None, None, None, None, [None] * layers, [None] * layers, dense, dense)
+    with torch.no_grad():
+        ep = torch.export.export(_Step(model, graph), example, dynamic_shapes=shapes, strict=False)
+    path = cache_dir / f"decode-1row-{_digest(ep)}.pt2"
+    if path.exists():
+        return SingleRowStep(path, built=False)
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
+    try:
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
+        os.replace(partial, path)  # a package is whole or absent
+    finally:
+        partial.unlink(missing_ok=True)
+    return SingleRowStep(path, built=True)
+
+
+def _digest(ep: torch.export.ExportedProgram) -> str:
+    """What the package's code and weights depend on, hashed (sha256, 24 hex digits)."""
+    h = hashlib.sha256()
+    h.update(torch.__version__.encode())
+    h.update(repr(torch._inductor.config.emulate_precision_casts).encode())
+    h.update(ep.graph_module.code.encode())
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            h.update(
+                f"{node.name}:{getattr(val, 'shape', val)}:{getattr(val, 'dtype', '')}".encode()
+            )
+    for name, t in sorted({**ep.state_dict, **ep.constants}.items()):
+        if not isinstance(t, torch.Tensor):
+            h.update(f"{name}:{t!r}".encode())
+            continue
+        h.update(f"{name}:{tuple(t.shape)}:{t.stride()}:{t.dtype}".encode())
+        data = t.detach().contiguous().view(-1)
+        if data.numel():
+            h.update(data.view(torch.uint8).numpy().data)
+    return h.hexdigest()[:24]
