@@ -5,7 +5,11 @@ one process, each run paying for the other's OpenMP team (runtime/engine.py).
     python -m stemma.bench.config_ab --candidate '{"enable_torch_compile": true}'
     python -m stemma.bench.config_ab --candidate '{"speculative_algorithm": "NGRAM"}' \\
         --batches 8,32,64 --rounds 5
-    (both take --dtype, --quantization, --batches 1,8,32, --new 64, --rounds 5, --prompt)
+    python -m stemma.bench.config_ab --batches 1 --new 128 \\
+        --baseline '{"enable_torch_compile": true, "torch_compile_aot": false}' \\
+        --candidate '{"torch_compile_aot": true}'
+    (all take --dtype, --quantization, --batches 1,8,32, --new 64, --rounds 5, --prompt;
+    --baseline: options both engines share, the candidate's on top)
 
 Per batch size: decode tokens/s of each engine (greedy, EOS ignored; distinct random
 32-token prompts, or with --prompt text a chat request asking to repeat a paragraph, the
@@ -63,6 +67,14 @@ def start_up(model: str, candidate: dict[str, Any], config: dict[str, Any]) -> d
     return {"compile_warm_s": float(warm.stdout.strip().splitlines()[-1])}
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (Linux /proc), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
 def round_prompts(kind: str, batch: int, r: int, engine: EngineProcess, rng: random.Random) -> dict:
     """One round's prompts: random 32-token ones, or chat requests to repeat a paragraph."""
     if kind == "random":
@@ -76,6 +88,7 @@ def round_prompts(kind: str, batch: int, r: int, engine: EngineProcess, rng: ran
 def main(argv: list[str] | None = None) -> None:
     p = bench_parser(__doc__)
     p.add_argument("--candidate", required=True, help="engine options as a JSON object")
+    p.add_argument("--baseline", default="{}", help="options of both engines, as JSON")
     p.add_argument("--quantization", default=None)
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--new", type=int, default=64)
@@ -89,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     models.mkdir(parents=True, exist_ok=True)
     (cache / "models").symlink_to(models, target_is_directory=True)
     config = {"dtype": args.dtype, "quantization": args.quantization, "kv_cache_mb": 512}
-    if "enable_torch_compile" in candidate:
+    config |= json.loads(args.baseline)
+    if (config | candidate).get("enable_torch_compile"):
         candidate = {"cache_dir": str(cache), **candidate}
     engines = {  # a process each (EngineProcess says why)
         "baseline": EngineProcess(args.model, **config),
@@ -102,6 +116,10 @@ def main(argv: list[str] | None = None) -> None:
         startup["compile_note"] = info["torch_compile_note"]  # the rows left to eager
         startup |= start_up(args.model, candidate, config)
         startup["cache_mb"] = round(directory_mb(cache / "inductor"), 1)
+        if info.get("torch_compile_package"):  # the one-row package, beside the cache
+            startup["package_mb"] = round(directory_mb(cache / "aot"), 1)
+    # resident memory of each engine's process once started (its weights and graphs)
+    startup["rss_mb"] = {n: rss_mb(e._proc.pid) for n, e in engines.items()}
     rows: list[dict[str, Any]] = []
     rng = random.Random(0)
     base = engines["baseline"]
@@ -125,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(
             {
                 "candidate": candidate,
+                "baseline": json.loads(args.baseline),
                 "model": args.model,
                 "dtype": args.dtype,
                 "quantization": args.quantization,

@@ -24,7 +24,7 @@ from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex
 from .property_order import ObjectKeys, any_order
 from .regex_check import normalize_regex
-from .schema_logic import DATA_KEYWORDS, pointer_escape
+from .schema_logic import DATA_KEYWORDS, combinators_ahead, pointer_escape
 from .schema_rewrite import rewrite_schema
 
 DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
@@ -85,6 +85,9 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     def grammar(schema: Any) -> str:
         return LLMatcher.grammar_from_json_schema(combinators_first(schema), overrides=options)
 
+    def reordered_grammar(schema: Any) -> str:  # property_order's copy has them ahead
+        return LLMatcher.grammar_from_json_schema(schema, overrides=options)
+
     def refused(build: Callable[[], str], text: str) -> bool:
         """llguidance refuses the schema whose grammar `build` makes (`text`: its JSON) in the
         schema's order, where a keyword it may refuse is in it (checked without the
@@ -110,15 +113,12 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
     if spec.property_order == "any":
         if not refused(written, spec.json_schema) and (reordered := any_order(schema())):
-            yield Candidate(grammar(reordered[0]), [], reordered[1])
+            yield Candidate(reordered_grammar(reordered[0]), [], reordered[1])
             kept = [ORDER_KEPT]
         rewritten, notes = rewrite_schema(schema(), known_format)
-        if (
-            rewritten != schema()
-            and not refused(lambda: grammar(rewritten), json.dumps(rewritten))
-            and (reordered := any_order(rewritten)) is not None
-        ):
-            yield Candidate(grammar(reordered[0]), notes, reordered[1])
+        # tried without checking it first: the check would build as much as the compile
+        if rewritten != schema() and (reordered := any_order(rewritten)) is not None:
+            yield Candidate(reordered_grammar(reordered[0]), notes, reordered[1])
             kept = [ORDER_KEPT]
     yield Candidate(written(), kept)
     if rewritten is None:
@@ -173,15 +173,9 @@ def ebnf_grammar(text: str) -> str:
         raise ValueError(f"invalid ebnf grammar: {err}") from None
 
 
-_COMBINATORS = ("$ref", "allOf", "anyOf", "oneOf")
-
-
 def combinators_first(node: Any) -> Any:
-    """`node` with `$ref` / `allOf` / `anyOf` / `oneOf` first among the keys of every subschema
-    that has `patternProperties` (the same schema: JSON objects are unordered). llguidance
-    1.9 reads such a subschema's keys in two parts around its first combinator, so an
-    `additionalProperties: false` on one side of it refuses the keys that the
-    `patternProperties` on the other side allow. Unchanged where nothing moves."""
+    """`node` with every subschema's combinators ahead (schema_logic.combinators_ahead).
+    Unchanged where nothing moves."""
     if isinstance(node, list):
         items = [combinators_first(item) for item in node]
         return items if any(a is not b for a, b in zip(items, node)) else node
@@ -199,11 +193,7 @@ def combinators_first(node: Any) -> Any:
         if new is not child:
             out = dict(node) if out is None else out
             out[key] = new
-    node = node if out is None else out
-    if "patternProperties" in node and any(k in node for k in _COMBINATORS):
-        first = {k: node[k] for k in _COMBINATORS if k in node}
-        node = first | {k: v for k, v in node.items() if k not in first}
-    return node
+    return combinators_ahead(node if out is None else out)
 
 
 @lru_cache(maxsize=256)

@@ -36,7 +36,14 @@ from typing import Any
 from ...lang.sampling_table import PROPERTY_ORDERS
 from .instance_paths import Condition, Step, matches
 from .key_presence import disjunction_formula
-from .schema_logic import DATA_KEYWORDS, as_list, asserted, ecma_regex, pointer
+from .schema_logic import (
+    DATA_KEYWORDS,
+    as_list,
+    asserted,
+    combinators_ahead,
+    ecma_regex,
+    pointer,
+)
 from .schema_paths import exact_nodes
 from .schema_refs import max_chars_of, unrolled_root
 
@@ -290,7 +297,8 @@ def _copy(
     `ordered` subschemas; in the `alone` ones, names saying the same share one) and each
     target object's `required` left to the rule beside the grammar (min/maxProperties stay:
     llguidance counts keys whatever their patterns), and the `anyOf` / `oneOf` of the
-    `dropped` ones too (their rules' formulas)."""
+    `dropped` ones too (their rules' formulas); every subschema with its combinators ahead
+    (schema_logic.combinators_ahead), as llguidance needs them."""
     if isinstance(node, list):
         return [_copy(v, targets, ordered, alone, dropped) for v in node]
     if not isinstance(node, dict):
@@ -317,7 +325,7 @@ def _copy(
             _name_patterns(props) if id(node) in alone else {_exact(n): v for n, v in props.items()}
         )
         out["patternProperties"] = {**names, **out.get("patternProperties", {})}
-    return out
+    return combinators_ahead(out)
 
 
 def _name_patterns(props: dict[str, Any]) -> dict[str, Any]:

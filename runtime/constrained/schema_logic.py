@@ -298,6 +298,21 @@ def as_list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else [v] if v is not None else []
 
 
+COMBINATORS = ("$ref", "allOf", "anyOf", "oneOf")
+
+
+def combinators_ahead(s: dict[str, Any]) -> dict[str, Any]:
+    """`s` with `$ref` / `allOf` / `anyOf` / `oneOf` first among its keys where it has
+    `patternProperties` (the same schema: JSON objects are unordered). llguidance 1.9 reads
+    such a subschema's keys in two parts around its first combinator, so an
+    `additionalProperties: false` on one side of it refuses the keys that the
+    `patternProperties` on the other side allow. `s` itself where nothing moves."""
+    if "patternProperties" not in s or not any(k in s for k in COMBINATORS):
+        return s
+    first = {k: s[k] for k in COMBINATORS if k in s}
+    return first | {k: v for k, v in s.items() if k not in first}
+
+
 def without(s: dict[str, Any], *keys: str) -> dict[str, Any]:
     """`s` less `keys`."""
     return {k: v for k, v in s.items() if k not in keys}

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch._inductor.config
+from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 if TYPE_CHECKING:
     from ..models.decoder import DecoderForCausalLM
@@ -88,11 +90,13 @@ def build_single_row(
     if path.exists():
         return SingleRowStep(path, built=False)
     partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-    try:
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
-        os.replace(partial, path)  # a package is whole or absent
-    finally:
-        partial.unlink(missing_ok=True)
+    # Inductor's own files for it (a second copy of the weights) go once it is packaged
+    with tempfile.TemporaryDirectory(dir=cache_dir) as work, temporary_cache_dir(work):
+        try:
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
+            os.replace(partial, path)  # a package is whole or absent
+        finally:
+            partial.unlink(missing_ok=True)
     return SingleRowStep(path, built=True)
 
 
