@@ -28,6 +28,7 @@ class BranchChoice(SchemaLogic):
         self.presence: dict[int, dict[int, str] | None] = {}  # by the list's id()
         # rules met on the way, (path, conditions, formula): "one of these keys is there"
         self.also: dict[tuple[tuple[Step, ...], tuple[Condition, ...], Any], None] = {}
+        self._branch_types_at: dict[tuple[int, tuple[Step, ...]], frozenset[str]] = {}
 
     def placed(
         self, path: tuple[Step, ...], chains: list[Any], kind: str, discriminate: bool
@@ -67,7 +68,9 @@ class BranchChoice(SchemaLogic):
             others = [
                 j
                 for j, t in enumerate(types)
-                if j != taken and need in t and kind in self.types_at(branches[j], path[depth:], 0)
+                if j != taken
+                and need in t
+                and kind in self.branch_types_at(branches[j], path[depth:])
             ]
             if not others:
                 continue
@@ -129,6 +132,14 @@ class BranchChoice(SchemaLogic):
             ):
                 return key, mine
         return None
+
+    def branch_types_at(self, branch: Any, steps: tuple[Step, ...]) -> frozenset[str]:
+        """types_at from a branch, kept by (id(), steps): every chain through a disjunction
+        asks it again of the branches it did not take."""
+        key = (id(branch), steps)
+        if (found := self._branch_types_at.get(key)) is None:
+            found = self._branch_types_at[key] = self.types_at(branch, steps, 0)
+        return found
 
     def types_at(self, s: Any, steps: tuple[Step, ...], depth: int) -> frozenset[str]:
         """The JSON types the value at `steps` inside an instance of `s` may have (a

@@ -139,6 +139,9 @@ class _Walk(BranchChoice):
     def shape(self, s: dict[str, Any]) -> _Shape:
         """What a visit of `s` follows (kept by id(): a shared definition is visited once per
         use, its keywords read once)."""
+        if s.keys().isdisjoint(_FOLLOWED):  # a leaf: nothing under it to walk
+            shape = self.shapes[id(s)] = _Shape(self.wanted(s), None, (), (), ())
+            return shape
         ref = s.get("$ref") if isinstance(s.get("$ref"), str) else None
         members = tuple(m for m in list_of(s, "allOf") if isinstance(m, dict))
         disjunctions = []
@@ -194,6 +197,15 @@ _OPAQUE = frozenset(
     "not if then else contains propertyNames unevaluatedItems unevaluatedProperties".split()
 )
 _OPAQUE_MAPS = frozenset({"dependencies", "dependentSchemas"})
+# Every keyword a visit follows (shape): a subschema with none of them is a leaf.
+_FOLLOWED = (
+    frozenset(
+        "$ref allOf anyOf oneOf properties patternProperties additionalProperties items "
+        "prefixItems additionalItems".split()
+    )
+    | _OPAQUE
+    | _OPAQUE_MAPS
+)
 
 
 def _opaque(chain: Any) -> Any:
