@@ -89,14 +89,12 @@ def build_single_row(
     path = cache_dir / f"decode-1row-{_digest(ep)}.pt2"
     if path.exists():
         return SingleRowStep(path, built=False)
-    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-    # Inductor's own files for it (a second copy of the weights) go once it is packaged
+    # Inductor's files for it (a second copy of the weights) go once it is packaged; the
+    # package is moved into place whole, so a reader sees all of it or none
     with tempfile.TemporaryDirectory(dir=cache_dir) as work, temporary_cache_dir(work):
-        try:
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
-            os.replace(partial, path)  # a package is whole or absent
-        finally:
-            partial.unlink(missing_ok=True)
+        partial = Path(work) / "package.pt2"
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
+        os.replace(partial, path)
     return SingleRowStep(path, built=True)
 
 
