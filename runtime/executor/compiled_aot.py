@@ -8,9 +8,10 @@ of more rows keep the Dynamo graph (compiled.py).
 The library holds its own copy of the weights (Inductor folds some of them into the forms its
 kernels read, under names of its own, so they cannot be lent from the live model): one more
 copy of the decoder's weights in memory. The package is kept under the cache dir, named by a
-hash of torch's version, the exported graph, its inputs' and constants' shapes and dtypes, and
-the constants' bytes, so a later start with the same model and weight plan loads it instead of
-compiling (the export, a few seconds, runs at every start to compute that name).
+hash of torch's version, Inductor's settings and vector ISA, the exported graph, its inputs'
+and constants' shapes and dtypes, and the constants' bytes, so a later start with the same
+model and weight plan on the same kind of CPU loads it instead of compiling (the export, a
+few seconds, runs at every start to compute that name).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch._inductor.config
+from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 if TYPE_CHECKING:
@@ -102,7 +104,10 @@ def _digest(ep: torch.export.ExportedProgram) -> str:
     """What the package's code and weights depend on, hashed (sha256, 24 hex digits)."""
     h = hashlib.sha256()
     h.update(torch.__version__.encode())
-    h.update(repr(torch._inductor.config.emulate_precision_casts).encode())
+    config = torch._inductor.config.save_config_portable()  # what Inductor's code follows
+    config.pop("aot_inductor.metadata", None)  # what a compile notes down, not follows
+    h.update(repr(sorted(config.items(), key=lambda kv: kv[0])).encode())
+    h.update(str(pick_vec_isa()).encode())  # the vector ISA its kernels are built for
     h.update(ep.graph_module.code.encode())
     for node in ep.graph.nodes:
         if node.op == "placeholder":
