@@ -53,6 +53,7 @@ _NAME_MAPS = frozenset(
 )
 _DISJUNCTIONS = frozenset({"anyOf", "oneOf"})
 _META = re.compile(r"([\\.+*?()|\[\]{}^$])")
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON writes escaped in a string
 
 
 def check_property_order(value: Any) -> str:
@@ -200,7 +201,7 @@ def _apart(patterns: Any, names: dict[str, Any]) -> bool:
 
 def _plain(name: str) -> bool:
     """JSON writes `name` as it is (no escapes): its bytes so far are its prefix."""
-    return not any(c in '"\\' or ord(c) < 0x20 for c in name)
+    return _ESCAPED.search(name) is None
 
 
 def _rule(s: dict[str, Any], formula: Any = None) -> KeyRule:

@@ -77,6 +77,7 @@ class _Shape(NamedTuple):
 
     wanted: bool
     ref: str | None
+    target: Any  # what `ref` points to
     members: tuple[dict[str, Any], ...]  # allOf
     disjunctions: tuple[tuple[list[Any], bool], ...]  # anyOf / oneOf, and "admits every one"
     children: tuple[tuple[dict[str, Any], Step | None, bool], ...]  # (sub, step, opaque)
@@ -114,8 +115,8 @@ class _Walk(BranchChoice):
         if shape.ref is not None:
             if shape.ref in refs:
                 self.recursive_refs.add(shape.ref)
-            elif isinstance(target := pointer(self.root, shape.ref), dict):
-                self.visit(target, path, chain, refs | {shape.ref})
+            elif isinstance(shape.target, dict):
+                self.visit(shape.target, path, chain, refs | {shape.ref})
         for member in shape.members:
             self.visit(member, path, chain, refs)
         for branches, admits_all in shape.disjunctions:
@@ -140,7 +141,7 @@ class _Walk(BranchChoice):
         """What a visit of `s` follows (kept by id(): a shared definition is visited once per
         use, its keywords read once)."""
         if s.keys().isdisjoint(_FOLLOWED):  # a leaf: nothing under it to walk
-            shape = self.shapes[id(s)] = _Shape(self.wanted(s), None, (), (), ())
+            shape = self.shapes[id(s)] = _Shape(self.wanted(s), None, None, (), (), ())
             return shape
         ref = s.get("$ref") if isinstance(s.get("$ref"), str) else None
         members = tuple(m for m in list_of(s, "allOf") if isinstance(m, dict))
@@ -172,7 +173,8 @@ class _Walk(BranchChoice):
             elif key in _OPAQUE_MAPS and isinstance(value, dict):
                 children += [(sub, None, True) for sub in value.values()]
         kept = tuple((sub, step, opaque) for sub, step, opaque in children if isinstance(sub, dict))
-        shape = _Shape(self.wanted(s), ref, members, tuple(disjunctions), kept)
+        target = None if ref is None else pointer(self.root, ref)
+        shape = _Shape(self.wanted(s), ref, target, members, tuple(disjunctions), kept)
         self.shapes[id(s)] = shape
         return shape
 
