@@ -24,7 +24,7 @@ stand, and only where it pays for leaving the decode path.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -49,24 +49,66 @@ class SpanCost:
     tried, and so measured)."""
 
     def __init__(self, window: int = COST_WINDOW) -> None:
-        self.samples: deque[tuple[int, int, float]] = deque(maxlen=window)
+        # The last `window` steps' (1, rows, drafted, seconds), oldest overwritten first, and
+        # the sums of their outer products: the fit runs every step, from those sums (the
+        # normal equations) in plain Python, a few microseconds on the engine's thread,
+        # where a numpy solve would call into BLAS beside torch's threads. The sums are
+        # summed afresh once per window, so no rounding accumulates.
+        self._ring: list[tuple[float, ...] | None] = [None] * window
+        self._moments = [[0.0] * 4 for _ in range(4)]
+        self.num_samples = 0  # steps recorded, all told
         self.base, self.per_row, self.per_draft_step = 0.0, 0.0, 0.0
 
     def record(self, rows: int, drafted: bool, seconds: float) -> None:
-        self.samples.append((rows, int(drafted), seconds))
-        data = np.array(self.samples, dtype=np.float64)
-        varied = [j for j in (0, 1) if np.ptp(data[:, j]) > 0]
-        known = np.array([self.per_row, self.per_draft_step])
-        fixed = [j for j in (0, 1) if j not in varied]
-        target = data[:, 2] - data[:, fixed] @ known[fixed]
-        design = np.column_stack([np.ones(len(data)), data[:, varied]])
-        coef = np.linalg.lstsq(design, target, rcond=None)[0]
+        window, m = len(self._ring), self._moments
+        slot = self.num_samples % window
+        z, old = (1.0, float(rows), float(drafted), float(seconds)), self._ring[slot]
+        for a in range(4):
+            for b in range(4):
+                m[a][b] += z[a] * z[b] - (old[a] * old[b] if old is not None else 0.0)
+        self._ring[slot] = z
+        self.num_samples += 1
+        if slot == window - 1:
+            m = self._moments = [
+                [sum(r[a] * r[b] for r in self._ring if r is not None) for b in range(4)]
+                for a in range(4)
+            ]
+        n = m[0][0]  # a feature varied where its variance is above zero (exact: integers)
+        varied = [j for j in (1, 2) if n * m[j][j] - m[0][j] ** 2 > 0]
+        known = {1: self.per_row, 2: self.per_draft_step}
+        fixed = [j for j in (1, 2) if j not in varied]
+        cols = [0, *varied]
+        lhs = [[m[a][b] for b in cols] for a in cols]
+        rhs = [m[a][3] - sum(known[f] * m[a][f] for f in fixed) for a in cols]
+        coef = _solve(lhs, rhs)
         for j, c in zip(varied, coef[1:]):
-            if j == 0:
+            if j == 1:
                 self.per_row = max(float(c), 0.0)
             else:
                 self.per_draft_step = max(float(c), 0.0)
         self.base = max(float(coef[0]), 0.0)
+
+
+def _solve(lhs: list[list[float]], rhs: list[float]) -> list[float]:
+    """x with lhs x = rhs (at most 3 unknowns), by elimination with partial pivoting; where
+    lhs is singular (two features that moved together), the least-norm solution, as a
+    least-squares solve gives it."""
+    k = len(rhs)
+    a = [row[:] + [r] for row, r in zip(lhs, rhs)]
+    scale = max(abs(v) for row in lhs for v in row) or 1.0
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) <= 1e-12 * scale:
+            return [float(c) for c in np.linalg.lstsq(np.array(lhs), np.array(rhs))[0]]
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, k):
+            f = a[r][col] / a[col][col]
+            for c in range(col, k + 1):
+                a[r][c] -= f * a[col][c]
+    x = [0.0] * k
+    for r in range(k - 1, -1, -1):
+        x[r] = (a[r][k] - sum(a[r][c] * x[c] for c in range(r + 1, k))) / a[r][r]
+    return x
 
 
 class StepCost:
@@ -92,7 +134,7 @@ class StepCost:
         if self.coef is None:
             coef, measured = [], (0.0, 0.0, 0.0)
             for span in self.spans:
-                if span.samples:
+                if span.num_samples:
                     measured = (span.base, span.per_row, span.per_draft_step)
                 coef.append(measured)
             self.coef = np.array(coef).T
@@ -109,9 +151,13 @@ class DraftBudget:
     max_tokens: int  # --speculative-num-draft-tokens minus the token the step samples anyway
     cost: StepCost = field(default_factory=StepCost)
     batch_size: int = 1  # requests in the last decode step (the batch a draft will join)
+    # this step's lengths by request (id()) and its acceptance's counts: each draft source
+    # asks; cleared as a step ends (the cost fit and the batch change then)
+    lengths: dict[tuple[int, int, int], int] = field(default_factory=dict)
 
     def observe(self, batch: ScheduledBatch, seconds: float) -> None:
         """One step's wall time; decode steps (drafts verified or not) enter the fit."""
+        self.lengths.clear()
         if batch.reqs and not any(batch.is_prefill):
             self.batch_size = len(batch.reqs)
             self.cost.record(sum(batch.num_new), any(n > 1 for n in batch.num_new), seconds)
@@ -139,11 +185,15 @@ class DraftBudget:
         drafts (whether the step's drafts pay for that is `settle`'s)."""
         if self.max_tokens <= 0:
             return 0
+        key = (id(req), req.num_forced_tokens, req.num_drafts_cut)  # and so its acceptance
+        if (known := self.lengths.get(key)) is not None:
+            return known
         per_token = self.per_token
         if per_token <= 0:
             return self.max_tokens  # nothing measured yet: tried
         chances = acceptance(req) ** np.arange(1, self.max_tokens + 1)
-        return self.best(chances, self.batch_size, True, per_token)
+        self.lengths[key] = found = self.best(chances, self.batch_size, True, per_token)
+        return found
 
     def settle(self, reqs: list[Req]) -> None:
         """Keep of the step's speculative drafts the likeliest tokens that, together, save

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from stemma.runtime.config import EngineConfig
@@ -127,7 +128,7 @@ def test_step_cost_fits_each_span_between_row_limits_apart():
     below, past = cost.spans
     fit = (below.base, below.per_row, below.per_draft_step)
     assert fit == pytest.approx((0.010, 0.001, 0.0005))
-    assert past.base == pytest.approx(0.025) and past.per_row == 0.0
+    assert past.base == pytest.approx(0.025) and past.per_row == pytest.approx(0.0, abs=1e-12)
     assert cost.seconds(4, True) == pytest.approx(0.0145)
     assert cost.seconds(5, True) == pytest.approx(0.025)
     assert list(cost.seconds(torch.tensor([1, 4, 8]).numpy(), True)) == pytest.approx(
@@ -345,3 +346,20 @@ def test_a_repeated_request_drafts_the_earlier_answer_from_the_radix_cache():
     # drafts of up to 7 (--speculative-num-draft-tokens 8), all standing
     assert two["spec_verify_ct"] <= 8 and two["spec_verify_ct"] * 3 < one.get("spec_verify_ct", 32)
     assert two["spec_num_correct_drafts"] == two["spec_num_proposed_drafts"] >= 24
+
+
+def test_the_cost_fit_equals_least_squares_over_the_window():
+    """The fit from running sums (the normal equations, summed afresh once per window) gives
+    what a least-squares solve over the last `window` steps gives, past many wrap-arounds."""
+    rng = np.random.default_rng(0)
+    span = StepCost(window=64).spans[0]
+    steps = []
+    for _ in range(1000):
+        rows = int(rng.integers(1, 9))
+        drafted = rows > 1 and bool(rng.integers(0, 2))
+        seconds = 0.008 + 0.0015 * rows + 0.006 * drafted + float(rng.normal(0, 0.0005))
+        span.record(rows, drafted, seconds)
+        steps.append((1.0, rows, int(drafted), seconds))
+    last = np.array(steps[-64:])
+    want = np.linalg.lstsq(last[:, :3], last[:, 3], rcond=None)[0]
+    assert (span.base, span.per_row, span.per_draft_step) == pytest.approx(want, rel=1e-9)
