@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema_logic import ecma_regex
+from .ecma_regex import ecma_regex
 
 # One step of an instance path: ("key", name), ("pattern", p) for any key the pattern p
 # matches, ("other", (names, patterns)) for any key not in names and matched by none of the

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...lang.sampling_table import PROPERTY_ORDERS
+from .ecma_regex import ecma_regex
 from .instance_paths import Condition, Step, matches
 from .key_presence import disjunction_formula
 from .schema_logic import (
@@ -41,7 +42,6 @@ from .schema_logic import (
     as_list,
     asserted,
     combinators_ahead,
-    ecma_regex,
     pointer,
 )
 from .schema_paths import exact_nodes

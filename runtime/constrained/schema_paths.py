@@ -4,7 +4,7 @@ only where it holds for every instance at some path, or under conditions on the 
 values of the objects on the way (a discriminated `anyOf`, branch_choice.py).
 
 A subschema is reached from the root through `properties`, `patternProperties` (keys as
-ECMA-262 reads the pattern; schema_logic.ecma_regex), `additionalProperties`, `items`,
+ECMA-262 reads the pattern; ecma_regex.py), `additionalProperties`, `items`,
 `prefixItems`, `allOf`, local `$ref`s and `anyOf` / `oneOf` branches. Under `not`, `if`, a
 pattern not read here, an ambiguous branch or a recursive `$ref`'s target it is never exact.
 """
@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .branch_choice import BranchChoice
+from .ecma_regex import ecma_regex
 from .instance_paths import Condition, Placement, Step, list_of
-from .schema_logic import ASSERTIONS, DATA_KEYWORDS, ecma_regex, pointer
+from .schema_logic import ASSERTIONS, DATA_KEYWORDS, pointer
 
 MAX_DEPTH = 32  # instance path steps followed from the root
 MAX_VISITS = 20_000  # subschema visits (shared $refs are walked once per use)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema_logic import SchemaLogic, as_list, asserted, ecma_regex, type_set, without
+from .ecma_regex import ecma_regex
+from .schema_logic import SchemaLogic, as_list, asserted, type_set, without
 
 _COMBINED = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
 

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 import stemma
+from stemma.runtime.constrained.ecma_regex import ecma_regex
 from stemma.runtime.constrained.instance_paths import canonical
 from stemma.runtime.constrained.json_scanner import JsonScanner
-from stemma.runtime.constrained.schema_logic import ecma_regex
 from stemma.runtime.constrained.unique_items import unique_arrays
 
 INT, STR = {"type": "integer"}, {"type": "string"}
