@@ -138,6 +138,14 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int) -> d
     return {name: statistics.median(ts) for name, ts in interleaved_times(fns, repeats).items()}
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (Linux /proc), in MB; NaN where /proc does not say."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def paired_speedup(baseline: list[float], candidate: list[float]) -> float:
     """Median over rounds of baseline / candidate seconds. The two runs of a round are
     adjacent in time and share its machine load, so on a noisy machine this ratio is far
@@ -161,6 +169,11 @@ class EngineProcess:
         self._proc.start()
         child.close()
         self._reply()  # the load's outcome: raises what the constructor raised
+
+    @property
+    def pid(self) -> int:
+        """The engine's process."""
+        return self._proc.pid
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """engine.method(*args, **kwargs) in the child; its exception re-raised here."""

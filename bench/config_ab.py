@@ -39,6 +39,7 @@ from .common import (
     interleaved_times,
     paired_speedup,
     print_table,
+    rss_mb,
 )
 
 START = """
@@ -65,14 +66,6 @@ def start_up(model: str, candidate: dict[str, Any], config: dict[str, Any]) -> d
         check=True,
     )
     return {"compile_warm_s": float(warm.stdout.strip().splitlines()[-1])}
-
-
-def rss_mb(pid: int) -> float:
-    """A process's resident memory (Linux /proc), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return float("nan")
 
 
 def round_prompts(kind: str, batch: int, r: int, engine: EngineProcess, rng: random.Random) -> dict:
@@ -119,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         if info.get("torch_compile_package"):  # the one-row package, beside the cache
             startup["package_mb"] = round(directory_mb(cache / "aot"), 1)
     # resident memory of each engine's process once started (its weights and graphs)
-    startup["rss_mb"] = {n: rss_mb(e._proc.pid) for n, e in engines.items()}
+    startup["rss_mb"] = {n: round(rss_mb(e.pid), 1) for n, e in engines.items()}
     rows: list[dict[str, Any]] = []
     rng = random.Random(0)
     base = engines["baseline"]

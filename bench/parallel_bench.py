@@ -32,16 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .common import append_results, interleaved_times, print_table
+from .common import append_results, interleaved_times, print_table, rss_mb
 
 PROMPT = "Write one sentence about the number {i}. " * 4
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def bench_tp(model: str, dtype: str, steps_rounds: int, sizes: list[int]) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any, NamedTuple
@@ -88,14 +88,13 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     def reordered_grammar(schema: Any) -> str:  # property_order's copy has them ahead
         return LLMatcher.grammar_from_json_schema(schema, overrides=options)
 
-    def refused(build: Callable[[], str], text: str) -> bool:
-        """llguidance refuses the schema whose grammar `build` makes (`text`: its JSON) in the
-        schema's order, where a keyword it may refuse is in it (checked without the
-        vocabulary): then it refuses it reordered too, and finds that out only after the
-        costlier work on the patterns."""
-        if not _MAY_REFUSE.search(text):
+    def written_refused() -> bool:
+        """llguidance refuses the schema as written, where a keyword it may refuse is in it
+        (checked without the vocabulary): then it refuses it reordered too, and finds that
+        out only after the costlier work on the patterns."""
+        if not _MAY_REFUSE.search(spec.json_schema):
             return False
-        return LLMatcher.validate_grammar_with_warnings(build(), None)[0]
+        return LLMatcher.validate_grammar_with_warnings(written(), None)[0]
 
     @cache
     def schema() -> Any:  # parsed where a candidate needs it, not for the text as written
@@ -103,7 +102,7 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
 
     @cache
     def written() -> str:
-        """The schema as written (built once: the refusal check may need it first); its text
+        """The schema as written (built once: written_refused may need it first); its text
         as it is where no combinator can need moving."""
         if '"patternProperties"' not in spec.json_schema:
             return LLMatcher.grammar_from_json_schema(spec.json_schema, overrides=options)
@@ -112,7 +111,7 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     rewritten: Any = None
     kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
     if spec.property_order == "any":
-        if not refused(written, spec.json_schema) and (reordered := any_order(schema())):
+        if not written_refused() and (reordered := any_order(schema())):
             yield Candidate(reordered_grammar(reordered[0]), [], reordered[1])
             kept = [ORDER_KEPT]
         rewritten, notes = rewrite_schema(schema(), known_format)

@@ -54,7 +54,7 @@ class SpanCost:
         # normal equations) in plain Python, a few microseconds on the engine's thread,
         # where a numpy solve would call into BLAS beside torch's threads. The sums are
         # summed afresh once per window, so no rounding accumulates.
-        self._ring: list[tuple[float, ...] | None] = [None] * window
+        self._ring: list[tuple[float, ...]] = [(0.0,) * 4] * window  # zeros: add nothing
         self._moments = [[0.0] * 4 for _ in range(4)]
         self.num_samples = 0  # steps recorded, all told
         self.base, self.per_row, self.per_draft_step = 0.0, 0.0, 0.0
@@ -65,13 +65,12 @@ class SpanCost:
         z, old = (1.0, float(rows), float(drafted), float(seconds)), self._ring[slot]
         for a in range(4):
             for b in range(4):
-                m[a][b] += z[a] * z[b] - (old[a] * old[b] if old is not None else 0.0)
+                m[a][b] += z[a] * z[b] - old[a] * old[b]
         self._ring[slot] = z
         self.num_samples += 1
         if slot == window - 1:
             m = self._moments = [
-                [sum(r[a] * r[b] for r in self._ring if r is not None) for b in range(4)]
-                for a in range(4)
+                [sum(r[a] * r[b] for r in self._ring) for b in range(4)] for a in range(4)
             ]
         n = m[0][0]  # a feature varied where its variance is above zero (exact: integers)
         varied = [j for j in (1, 2) if n * m[j][j] - m[0][j] ** 2 > 0]
