@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .measured import KeptMeasurements
+
 log = logging.getLogger("stemma.dtype")
 
 DTYPES = {
@@ -130,8 +132,10 @@ class MachineMeasurements:
     plan first asks for it: the speed verdicts are asked only for dtype "auto" resolved to
     float32 (they cost about a second, once per process and shape)."""
 
-    def __init__(self, hidden: int, inter: int):
+    def __init__(self, hidden: int, inter: int, kept: KeptMeasurements | None = None):
+        """kept: where verdicts are kept across starts (measured.py); None: measure here."""
         self.hidden, self.inter = hidden, inter
+        self.kept = kept or KeptMeasurements(None)
 
     @property
     def can_pack(self) -> bool:
@@ -143,11 +147,17 @@ class MachineMeasurements:
 
     @property
     def fp16_weights_win(self) -> bool:
-        return fp16_weights_win(self.hidden, self.inter)
+        if not fp16_weights_available():  # no kernel: nothing to measure
+            return False
+        shape = (self.hidden, self.inter)
+        return self.kept.value("fp16_weights_win", shape, lambda: fp16_weights_win(*shape))
 
     @property
     def small_step_rows(self) -> int:
-        return bfloat16_small_step_rows(self.hidden, self.inter)
+        shape = (self.hidden, self.inter)
+        return self.kept.value(
+            "bfloat16_small_step_rows", shape, lambda: bfloat16_small_step_rows(*shape)
+        )
 
     @property
     def available_bytes(self) -> int | None:

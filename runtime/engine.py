@@ -181,6 +181,7 @@ class Engine(EngineLoop):
             "dtype_reason": self.dtype.reason,
             "quantization": self.config.quantization,
             "weights_note": self.runner.weights_note,
+            "weight_measurements": self.runner.measurements,  # kept across starts: measured.py
             "speculative_algorithm": self.config.speculative_algorithm,
             "torch_compile_s": (  # the start's compile (or cache load), executor/compiled.py
                 round(compiled.compile_s, 2)

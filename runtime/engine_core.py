@@ -19,9 +19,10 @@ from .config import EngineConfig
 from .dtype_policy import DtypeChoice, MachineMeasurements
 from .executor.model_runner import ModelRunner
 from .faults import Faults
+from .measured import KeptMeasurements
 from .models.gguf_int4 import gguf_vocab_type, has_gguf_int4_blocks
 from .models.layers import form_row_limits
-from .models.loader import LoadedModel, load_model
+from .models.loader import LoadedModel, cache_root, load_model
 from .models.weights import few_rows
 from .sampling.sampler import Sampler
 from .scheduler.batch import ScheduledBatch
@@ -88,23 +89,42 @@ def load_runner(
     loaded = load_model(ckpt, dtype.torch_dtype, cfg.device, tp=tp.group if tp else None)
     mc = loaded.config
     weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-    machine = MachineMeasurements(mc.hidden_size, mc.intermediate_size)
+    kept = KeptMeasurements(cache_root(cfg.cache_dir) / "measured")
+    machine = MachineMeasurements(mc.hidden_size, mc.intermediate_size, kept)
     auto = cfg.dtype == "auto"
     plan = plan_weights(cfg.quantization, dtype.name, cfg.device, machine, auto, weight_bytes)
     if auto and cfg.quantization is None and cfg.device == "cpu" and tp is None:
-        plan = with_own_blocks(plan, loaded, dtype)
-    return loaded, ModelRunner(cfg, loaded, plan, faults, tp), plan
+        plan = with_own_blocks(plan, loaded, dtype, kept)
+    runner = ModelRunner(cfg, loaded, plan, faults, tp)
+    runner.measurements = kept.summary()
+    return loaded, runner, plan
 
 
-def with_own_blocks(plan: WeightPlan, loaded: LoadedModel, dtype: DtypeChoice) -> WeightPlan:
+def with_own_blocks(
+    plan: WeightPlan,
+    loaded: LoadedModel,
+    dtype: DtypeChoice,
+    kept: KeptMeasurements | None = None,
+) -> WeightPlan:
     """The plan with a GGUF's own 4-bit blocks, and its Q8_0 vocabulary projection as per-row
     int8, for the steps of few rows where they measured faster here (what a llama.cpp user
-    chose by picking the file); as it was for other checkpoints."""
-    mc, torch_dtype = loaded.config, dtype.torch_dtype
+    chose by picking the file); as it was for other checkpoints. kept: where the verdicts
+    are kept across starts (measured.py)."""
+    mc, torch_dtype, kept = loaded.config, dtype.torch_dtype, kept or KeptMeasurements(None)
+    # the key: what each verdict was measured for (the plan's forms, the shape, the dtype)
+    key = (plan.linear_form, plan.vocab_form, mc.hidden_size, str(torch_dtype))
     if has_gguf_int4_blocks(loaded.ckpt_dir):
-        rows = few_rows.own_int4_rows(plan, mc.hidden_size, mc.intermediate_size, torch_dtype)
+        rows = kept.value(
+            "own_int4_rows",
+            (*key, mc.intermediate_size),
+            lambda: few_rows.own_int4_rows(plan, mc.hidden_size, mc.intermediate_size, torch_dtype),
+        )
         plan = plan.with_own_blocks("int4", rows, "the GGUF")
     if gguf_vocab_type(loaded.ckpt_dir) == "Q8_0":
-        rows = few_rows.own_int8_vocab_rows(plan, mc.hidden_size, mc.vocab_size, torch_dtype)
+        rows = kept.value(
+            "own_int8_vocab_rows",
+            (*key, mc.vocab_size),
+            lambda: few_rows.own_int8_vocab_rows(plan, mc.hidden_size, mc.vocab_size, torch_dtype),
+        )
         plan = plan.with_own_blocks("int8", rows, "the GGUF", vocab=True)
     return plan

@@ -37,6 +37,7 @@ def _no_speed_measurements():
     """Session-wide, so that module- and session-scoped engines get the fixed verdicts too.
     Yields each replaced function: {(module, name): the original}."""
     import stemma.runtime.dtype_policy as policy
+    from stemma.runtime import measured
     from stemma.runtime.models.weights import few_rows
 
     verdicts = {(policy, name): verdict for name, verdict in _MEASURED_VERDICTS.items()}
@@ -46,6 +47,7 @@ def _no_speed_measurements():
     with pytest.MonkeyPatch.context() as mp:
         for (module, name), verdict in verdicts.items():
             mp.setattr(module, name, lambda *args, _v=verdict, **kw: _v)
+        mp.setattr(measured, "KEEP", False)  # no fixed verdict kept for a real engine to read
         yield originals
 
 

@@ -1,7 +1,7 @@
 """Who may import whom (docs/ARCHITECTURE.md, "Layers"), checked by walking every module's
 imports with ast. One table covers the top-level packages and runtime's layers:
 server -> engine -> scheduler -> executor -> models, with sampling, constrained and the shared
-leaves (config, dtype_policy, tokenizer, weight_plan) beside them. Imports under
+leaves (config, dtype_policy, measured, tokenizer, weight_plan) beside them. Imports under
 `if TYPE_CHECKING:` never run, so the layer table ignores them (a model may name the
 executor's ForwardBatch as a type); the cycle check counts them too.
 """
@@ -29,7 +29,7 @@ ENGINE_MODULES |= {"io_struct"}
 ENGINE_MODULES |= {"limits", "outbox"}
 # constraint: the public stemma.Constraint
 ENGINE_MODULES |= {"response", "constraint", "cpu_caches"}
-SHARED_MODULES = {"config", "dtype_policy", "faults", "tokenizer", "weight_plan"}
+SHARED_MODULES = {"config", "dtype_policy", "faults", "measured", "tokenizer", "weight_plan"}
 RUNTIME_MAY_IMPORT = ("stemma.radix", "stemma.kernels", "stemma.lang.backend")
 RUNTIME_MAY_IMPORT += ("stemma.lang.constraints",)  # the one source of constraint constants
 RUNTIME_MAY_IMPORT += ("stemma.lang.sampling_table",)  # the one table of sampling parameters

@@ -47,6 +47,9 @@ class TorchAttnBackend:
 
     def __init__(self) -> None:
         self.decode_kv = DecodeKV()
+        # whether steps of several tokens per request keep the dense copy's run (set where
+        # the compiled step, which verifies drafts in the copy, takes them: compiled.py)
+        self.verify_in_copy = False
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         device = fb.input_ids.device
@@ -80,7 +83,9 @@ class TorchAttnBackend:
         # Decode over contexts of one length (one request, a fork's branches): no padding,
         # so no mask, and SDPA skips reading one.
         self.unmasked = self.is_decode and min(fb.seq_lens_cpu) == max_ctx
-        eligible = self.is_decode and not self.shared_len
+        # A step of several tokens per request (drafts to verify) may go on with the copy
+        # where the compiled step takes it (it writes and reads the copy; eager steps do not)
+        eligible = (self.is_decode or self.verify_in_copy) and not self.shared_len
         self.dense = self.decode_kv.begin(fb, eligible, kv_slots)
 
     def forward(self, q, k, v, layer_id, fb, pool, sm_scale, window=None, softcap=None):
@@ -93,9 +98,9 @@ class TorchAttnBackend:
             q_pad[self.is_new] = q
         # k_ctx, v_ctx: [B, ctx, num_kv_heads, head_dim] (the part after a shared prefix)
         dense = None
-        if self.dense == "append":
+        if self.is_decode and self.dense == "append":
             dense = self.decode_kv.append(layer_id, k, v)
-        elif self.dense == "start":
+        elif self.is_decode and self.dense == "start":
             dense = self.decode_kv.start(layer_id, pool, q.dtype)
         if dense is not None:
             k_ctx, v_ctx = dense
@@ -178,12 +183,15 @@ class DecodeKV:
     """Every layer's K/V for the running decode batch, dense [B, capacity, num_kv_heads,
     head_dim], carried across steps.
 
-    A decode step whose requests are the previous step's, in the same order, each one token
-    longer, appends this step's K/V (one small write per layer) rather than gathering all
-    contexts from the pool. Any other step ends the run; the next decode step starts a new
-    one with the gather it would do anyway, only HEADROOM positions wider. The pool stays the
-    source of truth (written every step as before), and the copy holds what the pool holds,
-    so reading it changes no result.
+    A decode step whose requests are the previous step's, in the same order, each going on
+    from within what the copy holds (one token past the last step's context, or fewer after
+    a draft was cut), writes this step's K/V into it (one small write per layer) rather than
+    gathering all contexts from the pool; positions past a request's context are masked, and
+    written over as it grows. A step that verifies drafts (several tokens per request) goes
+    on the same way where the compiled step takes it. Any other step ends the run; the next
+    decode step starts a new one with the gather it would do anyway, only HEADROOM positions
+    wider. The pool stays the source of truth (written every step as before), and the copy
+    holds what the pool holds, so reading it changes no result.
     """
 
     BUDGET_BYTES = 256 << 20  # larger batches x contexts gather from the pool every step
@@ -197,6 +205,7 @@ class DecodeKV:
         self.capacity = 0
         self.max_ctx = 0  # this step's longest context
         self.slots = torch.empty(0, dtype=torch.long)  # start: [B * capacity] slots to gather
+        self.token_rows = torch.empty(0, dtype=torch.long)  # each new token's request row
         self.flat_pos = torch.empty(0, dtype=torch.long)  # append: this step's write rows
 
     def begin(self, fb: ForwardBatch, eligible: bool, kv_slots: torch.Tensor) -> str | None:
@@ -204,10 +213,11 @@ class DecodeKV:
         None (no copy). kv_slots: [B, max_ctx] each request's context slots, 0 past its end."""
         rows, seq_lens = fb.req_pool_idx.tolist(), fb.seq_lens_cpu
         self.max_ctx = max(seq_lens)
+        prefix_lens = [s - e for s, e in zip(seq_lens, fb.extend_lens_cpu)]
         continues = (
             eligible
             and rows == self.rows
-            and all(s == p + 1 for s, p in zip(seq_lens, self.seq_lens))
+            and all(0 < p <= held for p, held in zip(prefix_lens, self.seq_lens))
             and self.max_ctx <= self.capacity
         )
         self.rows, self.seq_lens = (rows, seq_lens) if eligible else (None, [])
@@ -217,10 +227,15 @@ class DecodeKV:
                 return None
             self.capacity = self.max_ctx + self.HEADROOM
             self.slots = F.pad(kv_slots, (0, self.HEADROOM)).flatten()  # slot 0: zeros
-        # Each request's new token: row b, position seq_len - 1 of the flattened buffer.
+        # Each new token: its request's row, at its position, in the flattened buffer.
         batch = torch.arange(len(rows), device=fb.seq_lens.device)
-        self.flat_pos = batch * self.capacity + fb.seq_lens.long() - 1
+        self.token_rows = batch.repeat_interleave(fb.extend_lens.long(), output_size=fb.num_tokens)
+        self.flat_pos = self.token_rows * self.capacity + fb.positions
         return "append" if continues else "start"
+
+    def drop(self) -> None:
+        """End the run (a step that began one will not write the copy)."""
+        self.rows, self.seq_lens, self.k, self.v = None, [], [], []
 
     def start(self, layer_id: int, pool: KVPool, dtype: torch.dtype):
         """This layer's dense K/V, gathered from the pool (this step's tokens included); the

@@ -52,15 +52,16 @@ RECOMPILE_LIMIT = 64  # Dynamo's per-function limit: one graph per row bucket st
 
 class DenseAttention:
     """attend() inside the compiled graph: writes this step's K/V into the pool and into the
-    dense copy, then attends over the copy, masked past each request's context."""
+    dense copy, then attends each token over its request's row of the copy, masked past the
+    token's own position (so the drafts a step verifies see those before them)."""
 
-    def __init__(self, pool_k, pool_v, dense_k, dense_v, out_loc, flat_pos, seq_lens):
+    def __init__(self, pool_k, pool_v, dense_k, dense_v, rows, out_loc, flat_pos, positions):
         self.pool_k, self.pool_v, self.dense_k, self.dense_v = pool_k, pool_v, dense_k, dense_v
-        self.out_loc, self.flat_pos = out_loc, flat_pos
-        col = torch.arange(dense_k[0].shape[1], device=seq_lens.device)
-        self.last = seq_lens[:, None] - 1  # each request's query position, [B, 1]
+        self.rows, self.out_loc, self.flat_pos = rows, out_loc, flat_pos
+        col = torch.arange(dense_k[0].shape[1], device=positions.device)
+        self.last = positions[:, None]  # each token's query position, [N, 1]
         self.col = col[None, :]
-        self.visible = self.col <= self.last  # [B, capacity]
+        self.visible = self.col <= self.last  # [N, capacity]
 
     def __call__(self, q, k, v, a: Attention) -> torch.Tensor:
         i = a.layer_id
@@ -69,6 +70,8 @@ class DenseAttention:
         kd, vd = self.dense_k[i], self.dense_v[i]  # [B, capacity, Hkv, D]
         kd.view(-1, *kd.shape[2:]).index_copy_(0, self.flat_pos, k)
         vd.view(-1, *vd.shape[2:]).index_copy_(0, self.flat_pos, v)
+        # each token's request row, [N, capacity, Hkv, D] (Inductor reads it in place)
+        kd, vd = kd.index_select(0, self.rows), vd.index_select(0, self.rows)
         if a.window is not None or a.softcap is not None:  # as the eager backend's windowed()
             mask = self.visible
             if a.window is not None:
@@ -97,7 +100,7 @@ def decode_graph(
     model: DecoderForCausalLM,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
-    seq_lens: torch.Tensor,
+    rows: torch.Tensor,
     out_loc: torch.Tensor,
     flat_pos: torch.Tensor,
     pool_k: list[torch.Tensor],
@@ -105,9 +108,11 @@ def decode_graph(
     dense_k: list[torch.Tensor],
     dense_v: list[torch.Tensor],
 ) -> torch.Tensor:
-    """One decode step's final hidden states, [B, hidden]: what the compiled function
-    traces. The vocabulary projection stays out of it (one call, whose form may not lower)."""
-    attend = DenseAttention(pool_k, pool_v, dense_k, dense_v, out_loc, flat_pos, seq_lens)
+    """One step's final hidden states, [N, hidden], for N new tokens (one per request in a
+    decode step, more where drafts are verified) over B requests' dense copies: what the
+    compiled function traces. rows [N]: each token's request (its row of the copy). The
+    vocabulary projection stays out of it (one call, whose form may not lower)."""
+    attend = DenseAttention(pool_k, pool_v, dense_k, dense_v, rows, out_loc, flat_pos, positions)
     return model.hidden(input_ids, positions, None, attend)
 
 
@@ -120,9 +125,12 @@ def unguarded_model(guards: list) -> list[bool]:
 
 
 class CompiledDecode:
-    def __init__(self, model: DecoderForCausalLM, max_rows: int) -> None:
-        """Raises ValueError where no step could compile (a form Inductor cannot lower)."""
+    def __init__(self, model: DecoderForCausalLM, max_rows: int, drafts: bool = False) -> None:
+        """drafts: whether one request's drafts are verified through the graph too (its own
+        compiles at start: the request's row of the copy a constant). Raises ValueError where
+        no step could compile (a form Inductor cannot lower)."""
         self.model, self.max_rows = model, max_rows
+        self.verifies_one_request = drafts  # warm_up turns it off where that fails to compile
         self.note: str | None = None  # what the graph leaves to eager steps, when it does
         limit = compiled_row_limit(model.layers)
         if limit == 0:
@@ -147,14 +155,19 @@ class CompiledDecode:
         self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend
     ) -> torch.Tensor | None:
         """The step's logits, or None for a step this graph does not take (run it eager)."""
-        if (
-            fb.mode is not ForwardMode.DECODE
-            or fb.batch_size > self.max_rows
-            or not isinstance(attn, TorchAttnBackend)
-            or attn.dense is None
-            or fb.logits_idx.shape[0] != fb.batch_size
-        ):
+        if not isinstance(attn, TorchAttnBackend) or attn.dense is None:
             return None
+        logits = self._forward(fb, pool, attn)
+        if logits is None and fb.mode is not ForwardMode.DECODE:
+            attn.decode_kv.drop()  # the eager step that verifies drafts does not write the copy
+        return logits
+
+    def _forward(self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend):
+        decode = fb.mode is ForwardMode.DECODE
+        if fb.num_tokens > self.max_rows or (decode and fb.logits_idx.shape[0] != fb.batch_size):
+            return None
+        if not decode and fb.batch_size == 1 and not self.verifies_one_request:
+            return None  # its graph was not compiled (Dynamo would compile inside the step)
         dense = attn.decode_kv
         if attn.dense == "start":
             if not dense.start_all(pool, self.model.dtype):
@@ -164,11 +177,15 @@ class CompiledDecode:
             self._run = dense.k
         elif dense.k is not self._run:  # a run an eager step started: its copy is unmarked
             return None
-        args = (fb.input_ids, fb.positions, fb.seq_lens.long(), attn.out_loc, dense.flat_pos)
+        args = (fb.input_ids, fb.positions, dense.token_rows, attn.out_loc, dense.flat_pos)
         kv = (pool.k, pool.v, dense.k, dense.v)
-        if fb.batch_size == 1 and self._single is not None and dense.capacity >= MIN_CAPACITY:
+        one_row = decode and fb.batch_size == 1 and dense.capacity >= MIN_CAPACITY
+        if one_row and self._single is not None:
             return self.model.project(self._single(inputs(*args, *kv)))
-        return self.model.project(self._step(self.model, *args, *kv))
+        hidden = self._step(self.model, *args, *kv)
+        if not decode:  # the rows whose logits are asked for (a draft's every token)
+            hidden = hidden.index_select(0, fb.logits_idx)
+        return self.model.project(hidden)
 
     @classmethod
     def build(
@@ -178,17 +195,18 @@ class CompiledDecode:
         max_rows: int,
         cache_dir: Path,
         aot: bool = True,
+        drafts: bool = False,
     ) -> CompiledDecode:
         """The compiled step for `model` over `pool`, warmed up: its shapes compiled (or
         loaded) now; `aot`: one row through a package (compiled_aot.py), kept beside
-        `cache_dir` in `aot/`."""
+        `cache_dir` in `aot/`; `drafts`: one request's drafts verified by the graph too."""
         cache_dir.mkdir(parents=True, exist_ok=True)
         # Round where eager rounds (a float32 norm inside a float64 or bfloat16 model), so the
         # compiled step gives eager's values rather than more precise ones.
         torch._inductor.config.emulate_precision_casts = True
         dynamo = torch._dynamo.config
         dynamo.cache_size_limit = max(dynamo.cache_size_limit, RECOMPILE_LIMIT)
-        compiled = cls(model, max_rows)
+        compiled = cls(model, max_rows, drafts)
         compiled.aot_dir = cache_dir.parent / "aot" if aot else None
         start, depth = time.perf_counter(), sys.getrecursionlimit()
         try:
@@ -214,41 +232,19 @@ class CompiledDecode:
     def warm_up(self, pool: KVPool) -> None:
         """Run the graph at each of warm_up_rows, so every compile happens now and none
         inside a step; at one row, build the package instead where `aot_dir` is set (Dynamo's
-        graph then starts at two rows, symbolic). It writes K/V into the pool's first slots
+        graph then starts at two rows, symbolic, for any number of requests from two). With
+        `verifies_one_request`, the same row counts again over one request's copy (its drafts'
+        steps: Dynamo specializes a size of one). It writes K/V into the pool's first slots
         after the padding slot, which no request holds yet. A row count that fails to compile
         (a form Inductor cannot lower: oneDNN-packed bfloat16 wants frozen weights) caps
-        max_rows below it; at one row it raises (the engine then runs eager and says why).
-
-        Dynamo guards on whether a tensor was made under inference mode, so each input is
-        made as a step makes it: the batch's ids and positions outside it (ForwardBatch),
-        the rest inside (the model's forward)."""
-        model, cfg, lay = self.model, self.model.cfg, self.model.layout
-        device = next(model.parameters()).device
+        max_rows below it; at one row it raises (the engine then runs eager and says why);
+        over one request, it leaves one request's drafts to eager steps."""
         for rows in self.warm_up_rows():
-            ids = torch.zeros(rows, dtype=torch.long, device=device)
-            positions = torch.zeros(rows, dtype=torch.long, device=device)
-            with torch.inference_mode():
-                shape = (rows, 2, lay.num_kv_heads, cfg.head_dim)
-                dense_k = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in pool.k]
-                dense_v = [torch.zeros_like(t) for t in dense_k]
-                seq_lens = torch.ones(rows, dtype=torch.long, device=device)
-                loc = torch.arange(1, rows + 1, device=device)
-                flat = torch.arange(rows, device=device) * 2
-            args = (seq_lens, loc, flat, pool.k, pool.v, dense_k, dense_v)
-            if (
-                rows == 1
-                and self.aot_dir is not None
-                and self._build_single(pool, (ids, positions, *args))
-            ):
+            example = self._example(pool, rows, rows)
+            if rows == 1 and self.aot_dir is not None and self._build_single(pool, example):
                 continue
-            for t in (*dense_k, *dense_v):
-                torch._dynamo.mark_dynamic(t, 1)
-            if rows > 1:  # symbolic from the first size Dynamo compiles past one
-                for t in (ids, positions, seq_lens, loc, flat, *dense_k, *dense_v):
-                    torch._dynamo.mark_dynamic(t, 0)
             try:
-                with torch.inference_mode():
-                    self._step(model, ids, positions, *args)
+                self._compile(example, rows, rows)
             except Exception as e:  # noqa: BLE001 - the rows before it stay compiled
                 if rows == 1:
                     raise
@@ -258,7 +254,53 @@ class CompiledDecode:
                     f"eager ({type(e).__name__} at {rows} rows: {first_line(e)})"
                 )
                 log.warning("enable_torch_compile: %s", self.note)
-                return
+                break
+        for rows in self.warm_up_rows() if self.verifies_one_request else []:
+            if rows == 1:
+                continue
+            try:
+                self._compile(self._example(pool, rows, 1), rows, 1)
+            except Exception as e:  # noqa: BLE001 - such steps run eager
+                self.verifies_one_request = False
+                self.note = (
+                    f"one request's drafts are verified eager ({type(e).__name__} at {rows} "
+                    f"rows: {first_line(e)})"
+                )
+                log.warning("enable_torch_compile: %s", self.note)
+
+    def _example(self, pool: KVPool, tokens: int, requests: int) -> tuple:
+        """A step's arguments after the model: `tokens` new tokens over `requests` requests'
+        dense copies. Dynamo guards on whether a tensor was made under inference mode, so
+        each is made as a step makes it: the batch's ids and positions outside it
+        (ForwardBatch), the rest inside (the model's forward)."""
+        model, cfg, lay = self.model, self.model.cfg, self.model.layout
+        device = next(model.parameters()).device
+        ids = torch.zeros(tokens, dtype=torch.long, device=device)
+        positions = torch.arange(tokens, device=device) // requests
+        capacity = max(MIN_CAPACITY, int(positions[-1]) + 1)
+        with torch.inference_mode():
+            shape = (requests, capacity, lay.num_kv_heads, cfg.head_dim)
+            dense_k = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in pool.k]
+            dense_v = [torch.zeros_like(t) for t in dense_k]
+            rows = torch.arange(tokens, device=device) % requests
+            loc = torch.arange(1, tokens + 1, device=device)
+            flat = rows * capacity + positions
+        return (ids, positions, rows, loc, flat, pool.k, pool.v, dense_k, dense_v)
+
+    def _compile(self, example: tuple, tokens: int, requests: int) -> None:
+        """Run Dynamo's graph once over `example`: the capacity symbolic, and from two on,
+        the tokens and the requests."""
+        ids, positions, rows, loc, flat, _, _, dense_k, dense_v = example
+        for t in (*dense_k, *dense_v):
+            torch._dynamo.mark_dynamic(t, 1)
+        if tokens > 1:  # symbolic from the first size Dynamo compiles past one
+            for t in (ids, positions, rows, loc, flat):
+                torch._dynamo.mark_dynamic(t, 0)
+        if requests > 1:
+            for t in (*dense_k, *dense_v):
+                torch._dynamo.mark_dynamic(t, 0)
+        with torch.inference_mode():
+            self._step(self.model, *example)
 
     def _build_single(self, pool: KVPool, example: tuple) -> bool:
         """Build (or load) the one-row package; False, with a note, where that fails."""

@@ -41,14 +41,12 @@ class _Step(torch.nn.Module):
         super().__init__()
         self.model, self.graph = model, graph
 
-    def forward(
-        self, ids, positions, seq_lens, out_loc, flat_pos, pool_k, pool_v, dense_k, dense_v
-    ):
+    def forward(self, ids, positions, rows, out_loc, flat_pos, pool_k, pool_v, dense_k, dense_v):
         return self.graph(
             self.model,
             ids,
             positions,
-            seq_lens,
+            rows,
             out_loc,
             flat_pos,
             pool_k,
@@ -70,10 +68,10 @@ class SingleRowStep:
 
 
 def inputs(
-    ids, positions, seq_lens, out_loc, flat_pos, pool_k, pool_v, dense_k, dense_v
+    ids, positions, rows, out_loc, flat_pos, pool_k, pool_v, dense_k, dense_v
 ) -> list[torch.Tensor]:
     """The step's inputs in the package's order (its inputs as one flat list)."""
-    return [ids, positions, seq_lens, out_loc, flat_pos, *pool_k, *pool_v, *dense_k, *dense_v]
+    return [ids, positions, rows, out_loc, flat_pos, *pool_k, *pool_v, *dense_k, *dense_v]
 
 
 def build_single_row(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -17,10 +16,10 @@ from ..dtype_policy import MachineMeasurements
 from ..faults import Faults, InjectedFault
 from ..models.decoder import DecoderForCausalLM
 from ..models.gguf_int4 import gguf_int4_blocks, int4_from_gguf_blocks
-from ..models.loader import LoadedModel, default_cache_dir
+from ..models.loader import LoadedModel, cache_root
 from ..models.weights import FORMS, Int4Weight
 from ..weight_plan import WeightPlan, plan_weights
-from .attention import make_attention_backend
+from .attention import TorchAttnBackend, make_attention_backend
 from .calibrate import calibration_ids, input_maxima
 from .compiled import CompiledDecode, first_line
 from .forward_batch import ForwardBatch
@@ -53,6 +52,7 @@ class ModelRunner:
         self.model = loaded.model
         self.plan = plan or default_plan(cfg, self.model)
         self.weights_note = hold_weights(loaded, self.plan)  # when notable, for model info
+        self.measurements: dict | None = None  # where the plan's verdicts are kept (measured.py)
         mc = self.model.cfg
         num_kv_heads = self.model.layout.num_kv_heads  # this rank's
         self.dtype = self.model.dtype
@@ -72,7 +72,7 @@ class ModelRunner:
         self.attn = make_attention_backend(cfg.resolved_attention_backend)
         self.compile_note: str | None = None  # why the compiled step is off, when asked for
         if cfg.enable_torch_compile:
-            cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+            cache = cache_root(cfg.cache_dir)
             try:
                 self.model.compiled = compiled = CompiledDecode.build(
                     self.model,
@@ -80,8 +80,12 @@ class ModelRunner:
                     cfg.torch_compile_max_bs,
                     cache / "inductor",
                     aot=cfg.torch_compile_aot,
+                    # one request's drafts (prompt lookup's, a constraint's forced text)
+                    drafts=cfg.speculative_algorithm is not None or cfg.enable_jump_forward,
                 )
                 self.compile_note = compiled.note
+                if isinstance(self.attn, TorchAttnBackend):  # drafts verified in its copy
+                    self.attn.verify_in_copy = True
             except Exception as e:  # noqa: BLE001 - a form Inductor cannot lower runs eager
                 self.compile_note = (
                     f"off: the {self.plan.linear_form!r} linears did not compile "

@@ -56,6 +56,11 @@ def default_cache_dir() -> Path:
     return Path(base) / "stemma"
 
 
+def cache_root(cache_dir: str | None) -> Path:
+    """The engine's cache dir: the one configured, else the default."""
+    return Path(cache_dir) if cache_dir else default_cache_dir()
+
+
 def resolve_checkpoint(model: str, cache_dir: Path | None = None) -> Path:
     """The HF-style directory for `model`, converting a GGUF on first use."""
     cache_dir = cache_dir or default_cache_dir()

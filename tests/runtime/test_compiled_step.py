@@ -18,6 +18,7 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.executor import compiled
 from stemma.runtime.scheduler.speculative import StepCost
+from torch._dynamo.utils import counters
 
 from .families import build_family
 
@@ -88,10 +89,11 @@ class FlatCost(StepCost):
 
 
 def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
-    """Draft steps run eager (several rows per request) between the graph's steps: prompt
-    lookup's drafts, which this random model rejects, and a regex's forced text, which it
-    accepts. The graph must go on from the context the accepted tokens left, not from a
-    copy a rejected draft touched."""
+    """The graph verifies drafts too (several rows per request, one request's or two's),
+    between its decode steps, without compiling inside a step: prompt lookup's drafts, which
+    this random model rejects, and a regex's forced text, which it accepts. The graph must
+    go on from the context the accepted tokens left, over positions a rejected draft wrote
+    into the copy."""
     regex = "the keeper climbed [a-z]{6} the stairs [a-z]{6} and the keeper climbed [a-z]{9}"
     loop = [5, 9, 23, 7, 11, 40, 3, 8]
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
@@ -100,21 +102,27 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
         cfg = {"dtype": "float64", "kv_cache_mb": 16, "enable_torch_compile": compile_on}
         cfg |= {"cache_dir": str(tmp_path / "cache"), "speculative_algorithm": spec}
         with Engine(model_path=str(tiny_llama_dir), **cfg) as e:
-            if compile_on:
+            if compile_on:  # (tokens, requests) of each step a graph takes
                 graph = e.runner.model.compiled._step
-                e.runner.model.compiled._step = lambda *a, g=graph: calls.append(1) or g(*a)
+                e.runner.model.compiled._step = lambda *a, g=graph: (
+                    calls.append((a[1].shape[0], a[8][0].shape[0])) or g(*a)
+                )
                 single = e.runner.model.compiled._single
-                e.runner.model.compiled._single = lambda f, g=single: calls.append(1) or g(f)
+                e.runner.model.compiled._single = lambda f, g=single: calls.append((1, 1)) or g(f)
                 e.core.outputs.budget.cost = FlatCost()
+            graphs = counters["stats"]["unique_graphs"]
             outs[spec] = e.generate(
                 input_ids=[loop * 4, [17, 2, 90]],
                 sampling_params=[params, params | {"regex": regex}],
             )
+            assert counters["stats"]["unique_graphs"] == graphs  # all compiled at start
     assert [o["output_ids"] for o in outs["NGRAM"]] == [o["output_ids"] for o in outs[None]]
     lookup, forced = (o["meta_info"] for o in outs["NGRAM"])
     assert lookup["spec_num_proposed_drafts"] > lookup["spec_num_correct_drafts"]  # rejected
     assert forced["spec_num_correct_drafts"] > 0  # accepted
-    assert calls  # and the graph ran the steps without drafts
+    assert (1, 1) in calls and (2, 2) in calls  # the graph ran the steps without drafts
+    # ... and the steps that verify drafts, one request's and two requests'
+    assert any(t > 1 and r == 1 for t, r in calls) and any(t > r > 1 for t, r in calls)
 
 
 def test_flags_and_limits():
@@ -258,7 +266,7 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
         dense = [torch.randn(1, 9, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float64)
                  for _ in range(2 * cfg.num_layers)]  # fmt: skip
     half = cfg.num_layers
-    small = [torch.tensor([7]), torch.tensor([5]), torch.tensor([6]), torch.tensor([9])]
+    small = [torch.tensor([7]), torch.tensor([5]), torch.tensor([0]), torch.tensor([9])]  # row 0
 
     def step(graph) -> torch.Tensor:
         flat = torch.tensor([5])
