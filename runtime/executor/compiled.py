@@ -8,15 +8,20 @@ and a dispatch, take the other half. Compiled, they become a few fused kernels p
 around the same weight forms' kernels, run without Python in between.
 
 The graph attends over the decode batch's dense K/V copy (attention.DecodeKV), which it
-appends this step's K/V to as it writes them into the pool, masked past each request's
-length: its shapes then change only with the batch size and the copy's capacity, which is
-symbolic, so one graph serves every context length. Steps it does not take run eager:
-prefills, drafts, steps over a shared prefix (cascade), and batches the dense copy does not
-hold (over its budget).
+appends this step's K/V to as it writes them into the pool, each token masked past its own
+position: its shapes then change only with the tokens, the requests and the copy's
+capacity, which are symbolic, so one graph serves every context length. A step that
+verifies drafts (a constraint's forced text, prompt lookup's) is the same graph with
+several tokens per request, each attending over its request's row of the copy, so drafts
+and the compiled step go together, and the copy's run goes on past them (positions a cut
+draft wrote stay masked until written over). Steps it does not take run eager: prefills,
+steps over a shared prefix (cascade), steps of more tokens than it takes, and batches the
+dense copy does not hold (over its budget).
 
 A one-row step runs the same graph compiled ahead of time (compiled_aot.py: no Dynamo
 guards, no Python between its kernels); Dynamo's graph takes the steps of more rows, the row
-count symbolic from two rows on. `warm_up` builds both at start, and compiles one row past
+count symbolic from two rows on, and one request's drafts in a specialization of its own
+(Dynamo fixes a size of one). `warm_up` builds them all at start, and compiles one row past
 each limit where a linear changes form (weights/few_rows.py). Where the one-row package
 cannot be built, Dynamo's graph takes one row too, specialized. A form Inductor cannot trace
 (WeightForm.compiles: oneDNN-packed bfloat16) caps the rows the graph takes below the rows it

@@ -144,6 +144,8 @@ class OutputProcessor:
 
     def advance(self, req: Req, token: int, confirmed: bool, r: int, out, i: int) -> None:
         """Append round r's sampled token to one request and check whether it finished."""
+        if self.budget is not None and req.speculative_draft and r < len(req.draft):
+            self.budget.learn(confirmed)  # a speculative draft token verified
         if not confirmed:
             req.num_drafts_cut += r < len(req.draft)
             drop_draft(req, r)

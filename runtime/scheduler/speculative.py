@@ -9,7 +9,8 @@ costs only time: its rows in the forward, and a step off the attention backend's
 `DraftBudget` decides from measurements: the cost of a step (`StepCost`, fitted to the
 engine's own decode steps) and each request's acceptance so far (a geometric model: a draft
 token stands with probability `a` once those before it stood, so the j-th is worth a^j
-tokens). How many tokens a request drafts (`length`): the k that maximizes what its drafts
+tokens; `a` starts from what recent requests' drafts did, `DraftBudget.prior`). How many
+tokens a request drafts (`length`): the k that maximizes what its drafts
 are expected to save, a + ... + a^k sampled tokens at T(B)/B seconds each for a plain step of
 B rows taking T(B), less what k more rows cost. Which of a step's drafts go (`settle`): the
 same choice over all of them together, likeliest tokens first, also paying for leaving
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .draft import DraftSource
 
 COST_WINDOW = 256  # steps the row-cost fit remembers
+PRIOR_DECAY = 0.99  # a verified draft token's weight in the prior, a token later (~100 kept)
 
 
 class SpanCost:
@@ -153,6 +155,23 @@ class DraftBudget:
     # this step's lengths by request (id()) and its acceptance's counts: each draft source
     # asks; cleared as a step ends (the cost fit and the batch change then)
     lengths: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    # Every request's speculative draft tokens verified lately, stood and cut (each count
+    # decayed by PRIOR_DECAY a token): where a request's acceptance starts, so a workload
+    # that drafts well (a rewrite) goes on drafting in its next request, and one that drafts
+    # badly stops sooner, rather than each request starting from one half
+    stood: float = 0.0
+    cut: float = 0.0
+
+    def learn(self, stood: bool) -> None:
+        """One speculative draft token verified: whether it stood."""
+        self.stood = self.stood * PRIOR_DECAY + stood
+        self.cut = self.cut * PRIOR_DECAY + (not stood)
+
+    @property
+    def prior(self) -> float:
+        """The acceptance a request starts from: stood / (stood + cut) lately, from one of
+        each."""
+        return (self.stood + 1) / (self.stood + self.cut + 2)
 
     def observe(self, batch: ScheduledBatch, seconds: float) -> None:
         """One step's wall time; decode steps (drafts verified or not) enter the fit."""
@@ -190,7 +209,7 @@ class DraftBudget:
         per_token = self.per_token
         if per_token <= 0:
             return self.max_tokens  # nothing measured yet: tried
-        chances = acceptance(req) ** np.arange(1, self.max_tokens + 1)
+        chances = acceptance(req, self.prior) ** np.arange(1, self.max_tokens + 1)
         self.lengths[key] = found = self.best(chances, self.batch_size, True, per_token)
         return found
 
@@ -203,7 +222,7 @@ class DraftBudget:
             return
         live = [r for r in reqs if r.finish is None]
         forced = sum(len(r.draft) for r in live if r.draft and not r.speculative_draft)
-        each = [(acceptance(r), len(r.draft)) for r in drafts]
+        each = [(acceptance(r, self.prior), len(r.draft)) for r in drafts]
         tokens = sorted(
             ((a**j, i) for i, (a, n) in enumerate(each) for j in range(1, n + 1)), reverse=True
         )
@@ -216,10 +235,10 @@ class DraftBudget:
             r.speculative_draft = bool(r.draft)
 
 
-def acceptance(req: Req) -> float:
+def acceptance(req: Req, prior: float = 0.5) -> float:
     """The chance a draft token stands once those before it did: stood / (stood + cut),
-    with one of each assumed before any is seen."""
-    return (req.num_forced_tokens + 1) / (req.num_forced_tokens + req.num_drafts_cut + 2)
+    from two tokens' worth of `prior` before any of the request's own is seen."""
+    return (req.num_forced_tokens + 2 * prior) / (req.num_forced_tokens + req.num_drafts_cut + 2)
 
 
 class NGramDraft:

@@ -4,8 +4,7 @@ symbolic row count), across the dense K/V copy's regrowth (the symbolic capacity
 K/V it wrote into the pool (a prefix hit later reads them), for a Llama and a Gemma 2 (sliding
 windows, soft caps, sandwich norms); a form that does not compile caps the rows it takes or
 runs eager, and model info says why; with drafts (prompt lookup's, a regex's forced text),
-whose verify steps run eager between the graph's steps, the output is still what eager
-decoding gives."""
+which the graph verifies too, the output is still what eager decoding gives."""
 
 from __future__ import annotations
 

@@ -166,6 +166,26 @@ def test_budget_drafts_while_a_draft_token_pays_for_its_row():
     assert DraftBudget(max_tokens=5).length(req) == 5
 
 
+def test_a_new_request_starts_from_what_recent_drafts_did():
+    """A request's acceptance starts from the engine's recent drafts (decayed), not from one
+    half: a step 10 ms and a row 12 ms (a token 22 ms), so at one half no draft pays."""
+    budget = DraftBudget(max_tokens=7, cost=fitted(0.010, 0.012), batch_size=1)
+    fresh = make_req([1, 2, 3])
+    assert budget.prior == 0.5 and budget.length(fresh) == 0
+    for _ in range(20):  # a rewrite's drafts: 9 of 10 tokens stand
+        for stood in [True] * 9 + [False]:
+            budget.learn(stood)
+    assert 0.85 < budget.prior < 0.95
+    assert acceptance(fresh, budget.prior) == pytest.approx(budget.prior)
+    budget.lengths.clear()  # (a step's end clears the lengths it priced)
+    assert budget.length(fresh) > 0
+    fresh.num_forced_tokens, fresh.num_drafts_cut = 0, 30  # its own refusals outweigh it
+    assert budget.length(fresh) == 0
+    for _ in range(1000):  # free text's drafts, later: the rewrite's decay away
+        budget.learn(False)
+    assert budget.prior < 0.05
+
+
 def drafted(req: Req, n: int) -> Req:
     req.draft, req.speculative_draft = list(range(n)), True
     req.num_draft_tokens += n
@@ -256,6 +276,8 @@ def test_greedy_float64_equals_decoding_without_drafts_in_fewer_forwards():
                 {"max_new_tokens": 24, "temperature": 0, "regex": "(red|green|blue)( ok)*"},
             ]
             outs[algo] = e.generate(texts, params)
+            if algo is not None:
+                learned = (e.core.outputs.budget.stood, e.core.outputs.budget.cut)
             steps[algo] = e.get_metrics()["num_steps"]
             metrics[algo] = e.get_metrics()
     assert [o["output_ids"] for o in outs["NGRAM"]] == [o["output_ids"] for o in outs[None]]
@@ -267,6 +289,7 @@ def test_greedy_float64_equals_decoding_without_drafts_in_fewer_forwards():
     assert 0 < meta["spec_accept_rate"] <= 1
     assert "spec_verify_ct" not in outs[None][0]["meta_info"]
     assert metrics["NGRAM"]["spec_num_correct_drafts"] >= meta["spec_num_correct_drafts"]
+    assert learned[0] + learned[1] > 0  # the budget's prior learned from the drafts verified
 
 
 def test_seeded_sampling_draws_the_same_tokens():
