@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stemma.engine")
 RECOMPILE_LIMIT = 64  # Dynamo's per-function limit: one graph per row bucket stays inside it
+# The dense copy's capacity in the warm-up's example. Its size is symbolic, but Inductor
+# plans its loops by the example's size (which to run on every core, which to vectorize):
+# a tiny one had every attention loop run on one core.
+WARM_UP_CAPACITY = 512
 
 
 class DenseAttention:
@@ -282,7 +286,7 @@ class CompiledDecode:
         device = next(model.parameters()).device
         ids = torch.zeros(tokens, dtype=torch.long, device=device)
         positions = torch.arange(tokens, device=device) // requests
-        capacity = max(MIN_CAPACITY, int(positions[-1]) + 1)
+        capacity = max(WARM_UP_CAPACITY, int(positions[-1]) + 1)
         with torch.inference_mode():
             shape = (requests, capacity, lay.num_kv_heads, cfg.head_dim)
             dense_k = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in pool.k]

@@ -11,7 +11,8 @@ copy of the decoder's weights in memory. The package is kept under the cache dir
 hash of torch's version, Inductor's settings and vector ISA, the exported graph, its inputs'
 and constants' shapes and dtypes, and the constants' bytes, so a later start with the same
 model and weight plan on the same kind of CPU loads it instead of compiling (the export, a
-few seconds, runs at every start to compute that name).
+few seconds, runs at every start to compute that name), and the example's sizes, by which
+Inductor plans its loops.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def build_single_row(
     shapes = (None, None, None, None, None, [None] * layers, [None] * layers, dense, dense)
     with torch.no_grad():
         ep = torch.export.export(_Step(model, graph), example, dynamic_shapes=shapes, strict=False)
-    path = cache_dir / f"decode-1row-{_digest(ep)}.pt2"
+    # the example's sizes too: Inductor plans its loops by them, symbolic or not
+    sizes = [tuple(t.shape) for t in inputs(*example)]
+    path = cache_dir / f"decode-1row-{_digest(ep, sizes)}.pt2"
     if path.exists():
         return SingleRowStep(path, built=False)
     # Inductor's files for it (a second copy of the weights) go once it is packaged; the
@@ -98,10 +101,12 @@ def build_single_row(
     return SingleRowStep(path, built=True)
 
 
-def _digest(ep: torch.export.ExportedProgram) -> str:
-    """What the package's code and weights depend on, hashed (sha256, 24 hex digits)."""
+def _digest(ep: torch.export.ExportedProgram, sizes: list) -> str:
+    """What the package's code and weights depend on, hashed (sha256, 24 hex digits); sizes:
+    the example's."""
     h = hashlib.sha256()
     h.update(torch.__version__.encode())
+    h.update(repr(sizes).encode())
     config = torch._inductor.config.save_config_portable()  # what Inductor's code follows
     config.pop("aot_inductor.metadata", None)  # what a compile notes down, not follows
     h.update(repr(sorted(config.items(), key=lambda kv: kv[0])).encode())
