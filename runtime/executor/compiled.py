@@ -276,6 +276,7 @@ class CompiledDecode:
                     f"rows: {first_line(e)})"
                 )
                 log.warning("enable_torch_compile: %s", self.note)
+                break
 
     def _example(self, pool: KVPool, tokens: int, requests: int) -> tuple:
         """A step's arguments after the model: `tokens` new tokens over `requests` requests'

@@ -184,6 +184,22 @@ def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_
     assert graph.max_rows == 2
     assert graph.note.startswith("decode steps of <= 2 rows compiled; larger ones run eager")
 
+    # One request's drafts: the same row counts over one request's copy, after the rest;
+    # where one fails to compile, one request's drafts are left to eager steps
+    shapes: list[tuple[int, int]] = []
+
+    def one_request_fails(model, ids, positions, rows, loc, flat, pool_k, pool_v, dense_k, _v):
+        shapes.append((ids.shape[0], dense_k[0].shape[0]))
+        if dense_k[0].shape[0] == 1 and ids.shape[0] > 1:
+            raise RuntimeError("LoweringException: one request")
+
+    drafts = compiled.CompiledDecode(net, 64, drafts=True)
+    drafts._step = one_request_fails
+    drafts.warm_up(pool)
+    assert shapes == [(1, 1), (2, 2), (3, 3), (2, 1)]
+    assert drafts.max_rows == 64 and not drafts.verifies_one_request
+    assert drafts.note.startswith("one request's drafts are verified eager (RuntimeError at 2")
+
 
 def test_a_form_that_cannot_compile_caps_the_rows_without_a_trace(tiny_llama_dir):
     """Where a linear's form for larger steps cannot be compiled (WeightForm.compiles, as
