@@ -147,8 +147,6 @@ class MachineMeasurements:
 
     @property
     def fp16_weights_win(self) -> bool:
-        if not fp16_weights_available():  # no kernel: nothing to measure
-            return False
         shape = (self.hidden, self.inter)
         return self.kept.value("fp16_weights_win", shape, lambda: fp16_weights_win(*shape))
 

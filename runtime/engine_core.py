@@ -104,13 +104,13 @@ def with_own_blocks(
     plan: WeightPlan,
     loaded: LoadedModel,
     dtype: DtypeChoice,
-    kept: KeptMeasurements | None = None,
+    kept: KeptMeasurements,
 ) -> WeightPlan:
     """The plan with a GGUF's own 4-bit blocks, and its Q8_0 vocabulary projection as per-row
     int8, for the steps of few rows where they measured faster here (what a llama.cpp user
     chose by picking the file); as it was for other checkpoints. kept: where the verdicts
     are kept across starts (measured.py)."""
-    mc, torch_dtype, kept = loaded.config, dtype.torch_dtype, kept or KeptMeasurements(None)
+    mc, torch_dtype = loaded.config, dtype.torch_dtype
     # the key: what each verdict was measured for (the plan's forms, the shape, the dtype)
     key = (plan.linear_form, plan.vocab_form, mc.hidden_size, str(torch_dtype))
     if has_gguf_int4_blocks(loaded.ckpt_dir):

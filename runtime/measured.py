@@ -62,8 +62,9 @@ class KeptMeasurements:
 
     def __init__(self, directory: Path | None) -> None:
         self.path: Path | None = None
+        self.identity = machine_identity()
         if directory is not None and KEEP:
-            identity = json.dumps(machine_identity(), sort_keys=True)
+            identity = json.dumps(self.identity, sort_keys=True)
             name = hashlib.sha256(identity.encode()).hexdigest()[:16]
             self.path = directory / f"{name}.json"
         self.kept: list[str] = []  # verdicts read from the file rather than measured now
@@ -104,7 +105,7 @@ class KeptMeasurements:
 
     def _write(self, values: dict[str, Any]) -> None:
         assert self.path is not None
-        text = json.dumps({"machine": machine_identity(), "values": values}, indent=1)
+        text = json.dumps({"machine": self.identity, "values": values}, indent=1)
         fd, partial = tempfile.mkstemp(dir=self.path.parent, suffix=".partial")
         try:
             with os.fdopen(fd, "w") as f:

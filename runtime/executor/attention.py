@@ -229,7 +229,10 @@ class DecodeKV:
             self.slots = F.pad(kv_slots, (0, self.HEADROOM)).flatten()  # slot 0: zeros
         # Each new token: its request's row, at its position, in the flattened buffer.
         batch = torch.arange(len(rows), device=fb.seq_lens.device)
-        self.token_rows = batch.repeat_interleave(fb.extend_lens.long(), output_size=fb.num_tokens)
+        self.token_rows = batch  # a decode step: one token each
+        if fb.num_tokens != len(rows):  # drafts: several tokens per request
+            per_request = fb.extend_lens.long()
+            self.token_rows = batch.repeat_interleave(per_request, output_size=fb.num_tokens)
         self.flat_pos = self.token_rows * self.capacity + fb.positions
         return "append" if continues else "start"
 
