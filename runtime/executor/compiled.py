@@ -23,10 +23,14 @@ guards, no Python between its kernels); Dynamo's graph takes the steps of more r
 count symbolic from two rows on, and one request's drafts in a specialization of its own
 (Dynamo fixes a size of one). `warm_up` builds them all at start, and compiles one row past
 each limit where a linear changes form (weights/few_rows.py). Where the one-row package
-cannot be built, Dynamo's graph takes one row too, specialized. A form Inductor cannot trace
-(WeightForm.compiles: oneDNN-packed bfloat16) caps the rows the graph takes below the rows it
-multiplies, and so does a size that fails to compile. Inductor caches the compiled code on
-disk (`cache_dir`; the package beside it, in `aot/`), so a later start loads it.
+cannot be built, Dynamo's graph takes one row too, specialized. oneDNN-packed bfloat16, an
+opaque tensor Dynamo cannot trace, is multiplied through ops that name each weight by number
+(weights/dense.py), so larger steps compile too; a form Inductor cannot trace
+(WeightForm.compiles) caps the rows the graph takes below the rows it multiplies, and so
+does a size that fails to compile. One request's drafts attend by two batched matmuls over
+its row of the copy (draft_attention), which read it once for all the draft's tokens.
+Inductor caches the compiled code on disk (`cache_dir`; the package beside it, in `aot/`),
+so a later start loads it.
 """
 
 from __future__ import annotations
@@ -79,6 +83,9 @@ class DenseAttention:
         kd, vd = self.dense_k[i], self.dense_v[i]  # [B, capacity, Hkv, D]
         kd.view(-1, *kd.shape[2:]).index_copy_(0, self.flat_pos, k)
         vd.view(-1, *vd.shape[2:]).index_copy_(0, self.flat_pos, v)
+        plain = a.window is None and a.softcap is None
+        if plain and kd.shape[0] == 1 and q.shape[0] > 1:  # one request's drafts
+            return draft_attention(q, kd, vd, self.visible, a.sm_scale)
         # each token's request row, [N, capacity, Hkv, D] (Inductor reads it in place)
         kd, vd = kd.index_select(0, self.rows), vd.index_select(0, self.rows)
         if a.window is not None or a.softcap is not None:  # as the eager backend's windowed()
@@ -103,6 +110,22 @@ def decode_attention(q, k, v, visible, sm_scale: float) -> torch.Tensor:
     p = s.softmax(1)
     o = (p[..., None] * v[:, :, :, None].to(wide)).sum(1)  # [B, Hkv, G, D]
     return o.reshape(B, H, D).to(q.dtype)
+
+
+def draft_attention(q, k, v, visible, sm_scale: float) -> torch.Tensor:
+    """One request's N tokens (its drafts) over its dense K/V: q [N, H, D], k / v [1,
+    capacity, Hkv, D], visible [N, capacity] -> [N, H, D]. Two batched matmuls over the K/V
+    heads, which read the request's row once for all its tokens (the sums above read it once
+    a token: at 8 tokens over 640 positions, 3x the time), in float32 at least."""
+    N, H, D = q.shape
+    Hkv, wide = k.shape[2], torch.promote_types(q.dtype, torch.float32)
+    G = H // Hkv
+    qg = q.to(wide).view(N, Hkv, G, D).transpose(0, 1).reshape(Hkv, N * G, D)
+    s = torch.bmm(qg, k[0].to(wide).permute(1, 2, 0)) * sm_scale  # [Hkv, N * G, capacity]
+    s = s.view(Hkv, N, G, -1).masked_fill(~visible[None, :, None, :], float("-inf"))
+    p = s.softmax(-1).view(Hkv, N * G, -1)
+    o = torch.bmm(p, v[0].to(wide).transpose(0, 1))  # [Hkv, N * G, D]
+    return o.view(Hkv, N, G, D).transpose(0, 1).reshape(N, H, D).to(q.dtype)
 
 
 def decode_graph(
@@ -245,7 +268,7 @@ class CompiledDecode:
         `verifies_one_request`, the same row counts again over one request's copy (its drafts'
         steps: Dynamo specializes a size of one). It writes K/V into the pool's first slots
         after the padding slot, which no request holds yet. A row count that fails to compile
-        (a form Inductor cannot lower: oneDNN-packed bfloat16 wants frozen weights) caps
+        (a form Inductor cannot lower) caps
         max_rows below it; at one row it raises (the engine then runs eager and says why);
         over one request, it leaves one request's drafts to eager steps."""
         for rows in self.warm_up_rows():

@@ -5,14 +5,16 @@ that calls Inductor's kernels one by one, about 1.5 ms of a 9 ms SmolLM2 step on
 (bench/results/compiled_aot.jsonl). Single-stream decode is where that overhead counts: steps
 of more rows keep the Dynamo graph (compiled.py).
 
-The library holds its own copy of the weights (Inductor folds some of them into the forms its
-kernels read, under names of its own, so they cannot be lent from the live model): one more
-copy of the decoder's weights in memory. The package is kept under the cache dir, named by a
-hash of torch's version, Inductor's settings and vector ISA, the exported graph, its inputs'
-and constants' shapes and dtypes, and the constants' bytes, so a later start with the same
-model and weight plan on the same kind of CPU loads it instead of compiling (the export, a
-few seconds, runs at every start to compute that name), and the example's sizes, by which
-Inductor plans its loops.
+The library holds its own copy of the weights (Inductor folds some of them into the forms
+its kernels read, under names of its own, so they cannot be lent from the live model): one
+more copy of the decoder's weights in memory. oneDNN-packed weights are the exception: the
+graph names them by number (weights/dense.py), so the library calls the live model's, and
+the numbers, part of the exported code, are part of the package's name. The package is kept
+under the cache dir, named by a hash of torch's version, Inductor's settings and vector ISA,
+the exported graph, its inputs' and constants' shapes and dtypes, and the constants' bytes,
+so a later start with the same model and weight plan on the same kind of CPU loads it
+instead of compiling (the export, a few seconds, runs at every start to compute that name),
+and the example's sizes, by which Inductor plans its loops.
 """
 
 from __future__ import annotations

@@ -146,6 +146,7 @@ class OutputProcessor:
         """Append round r's sampled token to one request and check whether it finished."""
         if self.budget is not None and req.speculative_draft and r < len(req.draft):
             self.budget.learn(confirmed)  # a speculative draft token verified
+            req.drafted_at = len(req.output_ids)
         if not confirmed:
             req.num_drafts_cut += r < len(req.draft)
             drop_draft(req, r)

@@ -95,6 +95,7 @@ class Req:
     num_forced_tokens: int = 0  # verified draft tokens (they needed no forward of their own)
     num_draft_tokens: int = 0  # draft tokens proposed (speculative.py; SGLang's spec_* counts)
     num_drafts_cut: int = 0  # drafts the model refused before their end
+    drafted_at: int = 0  # output tokens when its last draft was verified (speculative.acceptance)
     speculative_draft: bool = False  # the pending draft is speculation's, not a constraint's
     num_decode_steps: int = 0  # forwards that sampled for this request (SGLang's spec_verify_ct)
     ngrams: NGramIndex | None = None  # its tokens' n-grams, for prompt lookup drafts

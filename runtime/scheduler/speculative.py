@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 COST_WINDOW = 256  # steps the row-cost fit remembers
 PRIOR_DECAY = 0.99  # a verified draft token's weight in the prior, a token later (~100 kept)
+EVIDENCE_HALF_LIFE = 32  # sampled tokens without a draft over which a request's counts halve
 
 
 class SpanCost:
@@ -203,7 +204,8 @@ class DraftBudget:
         drafts (whether the step's drafts pay for that is `settle`'s)."""
         if self.max_tokens <= 0:
             return 0
-        key = (id(req), req.num_forced_tokens, req.num_drafts_cut)  # and so its acceptance
+        # and so its acceptance (whose fading moves only between steps, which clear lengths)
+        key = (id(req), req.num_forced_tokens, req.num_drafts_cut)
         if (known := self.lengths.get(key)) is not None:
             return known
         per_token = self.per_token
@@ -237,8 +239,15 @@ class DraftBudget:
 
 def acceptance(req: Req, prior: float = 0.5) -> float:
     """The chance a draft token stands once those before it did: stood / (stood + cut),
-    from two tokens' worth of `prior` before any of the request's own is seen."""
-    return (req.num_forced_tokens + 2 * prior) / (req.num_forced_tokens + req.num_drafts_cut + 2)
+    from two tokens' worth of `prior` before any of the request's own is seen. The
+    request's own counts fade by half every EVIDENCE_HALF_LIFE tokens it samples without a
+    draft verified, back to the prior: a request whose drafts were refused early (before the
+    text it copies began) drafts again later, after a wait that grows with its refusals,
+    where fixed counts would have stopped it for good."""
+    idle = len(req.output_ids) - req.drafted_at
+    weight = 0.5 ** (idle / EVIDENCE_HALF_LIFE) if idle > 0 else 1.0
+    stood, cut = weight * req.num_forced_tokens, weight * req.num_drafts_cut
+    return (stood + 2 * prior) / (stood + cut + 2)
 
 
 class NGramDraft:

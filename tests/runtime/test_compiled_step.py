@@ -202,9 +202,9 @@ def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_
 
 
 def test_a_form_that_cannot_compile_caps_the_rows_without_a_trace(tiny_llama_dir):
-    """Where a linear's form for larger steps cannot be compiled (WeightForm.compiles, as
-    oneDNN-packed bfloat16), the graph takes the steps below it, and nothing is traced
-    for the others; where every step's form cannot, there is no compiled step at all."""
+    """Where a linear's form for larger steps cannot be compiled (WeightForm.compiles), the
+    graph takes the steps below it, and nothing is traced for the others; where every
+    step's form cannot, there is no compiled step at all."""
     from stemma.runtime.models.layers import Linear, compiled_row_limit
     from stemma.runtime.models.loader import load_decoder
     from stemma.runtime.models.weights import Int4Weight
@@ -230,6 +230,51 @@ def test_a_form_that_cannot_compile_caps_the_rows_without_a_trace(tiny_llama_dir
     assert compiled_row_limit(net.layers) == 0
     with pytest.raises(ValueError, match="cannot trace"):
         compiled.CompiledDecode(net, 64)
+
+
+def test_packed_weights_run_in_the_graph_and_give_eager_tokens(
+    tiny_llama_dir, tmp_path, monkeypatch
+):
+    """oneDNN-packed weights (the bfloat16 plan's, opaque to Dynamo) are multiplied in the
+    graph by number (weights/dense.py), so the graph takes every step, of any row count, the
+    batch's and one request's drafts'. Packed in float32 here, which every x86 CPU packs, so
+    the compiled tokens are eager's (their logprobs to float32 rounding)."""
+    from stemma.runtime import engine_core
+    from stemma.runtime.models.layers import Linear, compiled_row_limit
+    from stemma.runtime.weight_plan import WeightPlan
+
+    monkeypatch.setattr(engine_core, "plan_weights", lambda *a, **k: WeightPlan("packed", "plain"))
+    loop = [5, 9, 23, 7, 11, 40, 3, 8]
+    params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    outs, calls = {}, []
+    for compile_on in (False, True):
+        cfg = {"dtype": "float32", "kv_cache_mb": 16, "enable_torch_compile": compile_on}
+        cfg |= {"cache_dir": str(tmp_path / "cache"), "speculative_algorithm": "NGRAM"}
+        with Engine(model_path=str(tiny_llama_dir), **cfg) as e:
+            linears = [m for m in e.runner.model.layers.modules() if isinstance(m, Linear)]
+            assert {m.form.name for m in linears} == {"packed"}
+            if compile_on:
+                graph = e.runner.model.compiled
+                assert compiled_row_limit(e.runner.model.layers) is None
+                assert graph.max_rows == 64 and graph.verifies_one_request
+                graph._step = lambda *a, g=graph._step: (
+                    calls.append((a[1].shape[0], a[8][0].shape[0])) or g(*a)
+                )
+                e.core.outputs.budget.cost = FlatCost()
+            out = e.generate(
+                input_ids=[loop * 4, *PROMPTS],
+                sampling_params=[params] * (1 + len(PROMPTS)),
+                return_logprob=True,
+            )
+            out += [e.generate(input_ids=loop * 4, sampling_params=params, return_logprob=True)]
+        outs[compile_on] = out
+    assert [o["output_ids"] for o in outs[True]] == [o["output_ids"] for o in outs[False]]
+    for a, b in zip(outs[True], outs[False]):
+        got = [x[0] for x in a["meta_info"]["output_token_logprobs"]]
+        want = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
+        assert got == pytest.approx(want, abs=1e-4)
+    assert any(t == r == 4 for t, r in calls)  # the batch's decode steps
+    assert any(t > r == 1 for t, r in calls)  # one request's drafts
 
 
 def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_path):

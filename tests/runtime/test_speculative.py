@@ -16,6 +16,7 @@ from stemma.runtime.sampling.sampler import SamplingState
 from stemma.runtime.scheduler.ngram import NGramIndex
 from stemma.runtime.scheduler.req import Req
 from stemma.runtime.scheduler.speculative import (
+    EVIDENCE_HALF_LIFE,
     DraftBudget,
     NGramDraft,
     StepCost,
@@ -184,6 +185,31 @@ def test_a_new_request_starts_from_what_recent_drafts_did():
     for _ in range(1000):  # free text's drafts, later: the rewrite's decay away
         budget.learn(False)
     assert budget.prior < 0.05
+
+
+def test_a_request_whose_first_drafts_were_refused_drafts_again_later():
+    """A request's own refusals fade as it samples tokens without a draft (half every
+    EVIDENCE_HALF_LIFE), back to the prior: one whose drafts were cut before the text it
+    copies began drafts again later rather than never, and sooner than one refused more."""
+    budget = DraftBudget(max_tokens=7, cost=fitted(0.010, 0.008), batch_size=1)
+    for _ in range(20):  # recent requests' drafts: 9 of 10 tokens stood
+        for stood in [True] * 9 + [False]:
+            budget.learn(stood)
+    once, often = make_req([1, 2, 3]), make_req([1, 2, 3])
+    once.num_drafts_cut, often.num_drafts_cut = 3, 12
+    assert budget.length(once) == budget.length(often) == 0
+    waited = {}
+    for req in (once, often):
+        while budget.length(req) == 0:
+            req.output_ids.append(7)
+            budget.lengths.clear()  # a step's end
+        waited[id(req)] = len(req.output_ids)
+    assert 0 < waited[id(once)] < waited[id(often)] < 8 * EVIDENCE_HALF_LIFE
+    # with no draft for long, only the prior is left
+    often.output_ids += [7] * 40 * EVIDENCE_HALF_LIFE
+    assert acceptance(often, budget.prior) == pytest.approx(budget.prior, abs=1e-6)
+    often.drafted_at = len(often.output_ids)  # a draft verified now: its counts weigh whole
+    assert acceptance(often, budget.prior) == pytest.approx((2 * budget.prior) / 14)
 
 
 def drafted(req: Req, n: int) -> Req:

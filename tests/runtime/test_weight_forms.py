@@ -62,6 +62,59 @@ def test_packed_form_fuses_what_plain_computes_apart():
         torch.testing.assert_close(got.float(), ref.float(), atol=0.05, rtol=0.02)
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,  # oneDNN packs float32 on every x86 CPU
+        pytest.param(
+            torch.bfloat16,
+            marks=pytest.mark.skipif(not can_pack_bf16_weights(), reason="no bf16 packing here"),
+        ),
+    ],
+)
+def test_packed_form_compiles_to_the_kernels_it_runs_eager(dtype):
+    """Dynamo cannot take a packed (opaque) weight as a graph input: a compiled step
+    multiplies by it through stemma:: ops that name it by number, calling the same oneDNN
+    kernels, so a compiled matmul, residual add and gate * up give eager's values, at any
+    row count (symbolic); the number is dropped with its form."""
+    import gc
+
+    from stemma.runtime.models.weights import dense
+
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(64, 32, generator=g) * 0.05).to(dtype)
+    bias = torch.randn(64, generator=g).to(dtype)
+    forms = [
+        FORMS["packed"].from_weight(w, WeightPlan("packed", "packed")),
+        FORMS["packed"].from_weight(w, WeightPlan(), LinearSpec(is_gated=True)),
+    ]
+    numbers = (forms[0].handle, forms[1].handle, forms[1].up_handle)
+
+    def step(x, residual):
+        plain, gated = forms
+        return (
+            plain.matmul(x, bias, residual),
+            plain.matmul(x),
+            gated.gated(x, None, "silu"),
+            gated.gated(x, bias, "gelu"),
+        )
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for rows in (1, 3, 17):
+        x = torch.randn(rows, 32, generator=g).to(dtype)
+        residual = torch.randn(rows, 64, generator=g).to(dtype)
+        want, got = step(x, residual), compiled(x, residual)
+        for a, b in zip(got[:3], want[:3]):
+            assert torch.equal(a, b)
+        torch.testing.assert_close(got[3], want[3])  # gelu: Inductor's, after the kernel
+    assert all(n in dense._HELD for n in numbers)
+    forms.clear()
+    del step, compiled
+    torch._dynamo.reset()  # its graphs hold the forms
+    gc.collect()
+    assert not any(n in dense._HELD for n in numbers)
+
+
 def test_the_vocabulary_form_transposes_from_its_row_limit_and_fp16_falls_back():
     w = torch.randn(40, 16)
     vocab = LinearSpec(is_vocab=True)

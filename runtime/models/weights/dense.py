@@ -4,6 +4,9 @@ steps of few rows beside float32 weights (CPUs without native bfloat16)."""
 
 from __future__ import annotations
 
+import itertools
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -66,15 +69,17 @@ class PackedWeight(WeightForm):
     is re-laid out inside every CPU matmul, a packed one streams as it is, which is most of a
     decode step's time. The bias, the residual add, silu and the gate * up product run inside
     the matmul; gate|up is packed as two weights so that silu runs inside the gate's and the
-    product inside the up's."""
+    product inside the up's. A compiled step multiplies through the stemma:: ops below, which
+    name the weight by a number (Dynamo cannot take an opaque tensor as a graph input)."""
 
     name = "packed"
     folds_norms = True  # a norm's scale then costs nothing (its linear's weight holds it)
-    compiles = False  # Inductor's fake tensors cannot run the mkldnn matmul
 
     def __init__(self, packed: torch.Tensor, up: torch.Tensor | None = None):
         self.packed = packed
         self.up = up  # gated: the up half (packed is then the gate)
+        self.handle = _hold(self, packed)  # the compiled step's name for each weight
+        self.up_handle = None if up is None else _hold(self, up)
 
     @classmethod
     def from_weight(
@@ -87,22 +92,74 @@ class PackedWeight(WeightForm):
         return cls(_pack(w[:inter].contiguous()), _pack(w[inter:].contiguous()))
 
     def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
+        if torch.compiler.is_compiling():
+            if residual is None:
+                return torch.ops.stemma.packed_linear(x, self.handle, bias, "none")
+            return torch.ops.stemma.packed_linear_binary(x, residual, self.handle, bias, "add")
         if residual is None:
             return _linear_pointwise(x, self.packed, bias, "none")
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, bias, "add")
 
     def gated(self, x: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
         gate_bias, up_bias = (None, None) if bias is None else bias.chunk(2)
-        if act == "silu":
-            gate = _linear_pointwise(x, self.packed, gate_bias, "swish")
-        else:
-            gate = activation(_linear_pointwise(x, self.packed, gate_bias, "none"), act)
+        fused = "swish" if act == "silu" else "none"
+        if torch.compiler.is_compiling():
+            gate = torch.ops.stemma.packed_linear(x, self.handle, gate_bias, fused)
+            gate = gate if act == "silu" else activation(gate, act)
+            return torch.ops.stemma.packed_linear_binary(x, gate, self.up_handle, up_bias, "mul")
+        gate = _linear_pointwise(x, self.packed, gate_bias, fused)
+        gate = gate if act == "silu" else activation(gate, act)
         return torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.up, up_bias, "mul")
 
     @property
     def nbytes(self) -> int:
         parts = [self.packed] if self.up is None else [self.packed, self.up]
         return sum(p.numel() * p.element_size() for p in parts)
+
+
+# The packed weights a compiled step multiplies by, by number; each leaves with its form.
+_HELD: dict[int, Tensor] = {}
+_NUMBERS = itertools.count()
+
+
+def _hold(form: PackedWeight, packed: Tensor) -> int:
+    number = next(_NUMBERS)
+    _HELD[number] = packed
+    weakref.finalize(form, _HELD.pop, number, None)
+    return number
+
+
+# `int weight`, not the SymInt torch would infer: a weight's number is a constant of the graph.
+@torch.library.custom_op(
+    "stemma::packed_linear",
+    mutates_args=(),
+    schema="(Tensor x, int weight, Tensor? bias, str act) -> Tensor",
+)
+def packed_linear(x: Tensor, weight: int, bias: Tensor | None, act: str) -> Tensor:
+    """_linear_pointwise by the packed weight held as number `weight`."""
+    return _linear_pointwise(x, _HELD[weight], bias, act)
+
+
+@packed_linear.register_fake
+def _(x: Tensor, weight: int, bias: Tensor | None, act: str) -> Tensor:
+    return x.new_empty((*x.shape[:-1], _HELD[weight].shape[0]))
+
+
+@torch.library.custom_op(
+    "stemma::packed_linear_binary",
+    mutates_args=(),
+    schema="(Tensor x, Tensor other, int weight, Tensor? bias, str op) -> Tensor",
+)
+def packed_linear_binary(
+    x: Tensor, other: Tensor, weight: int, bias: Tensor | None, op: str
+) -> Tensor:
+    """x W^T + b, then `op` ("add" or "mul") with `other`, W the packed weight `weight`."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, _HELD[weight], bias, op)
+
+
+@packed_linear_binary.register_fake
+def _(x: Tensor, other: Tensor, weight: int, bias: Tensor | None, op: str) -> Tensor:
+    return x.new_empty((*x.shape[:-1], _HELD[weight].shape[0]))
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
