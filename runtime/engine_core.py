@@ -65,8 +65,12 @@ def build_core(
     sampler = Sampler(vocab_size, tokenizer.eos_token_ids, cfg.random_seed)
     budget = None
     if cfg.speculative_algorithm == "NGRAM":
-        # a step's cost jumps where a linear changes kernel: priced per span (speculative.py)
-        cost = StepCost(form_row_limits(runner.model))
+        # a step's cost jumps where a linear changes kernel, and past the tokens the
+        # compiled step takes (more run eager): priced per span (speculative.py)
+        limits = form_row_limits(runner.model)
+        if (compiled := runner.model.compiled) is not None:
+            limits.append(compiled.max_rows)
+        cost = StepCost(limits)
         budget = DraftBudget(cfg.speculative_num_draft_tokens - 1, cost)
     outputs = OutputProcessor(
         tokenizer, sampler, runner.context_len, cfg.enable_jump_forward, budget

@@ -115,9 +115,10 @@ def _solve(lhs: list[list[float]], rhs: list[float]) -> list[float]:
 
 class StepCost:
     """Seconds a decode step takes: one `SpanCost` per span of rows between `limits`, the row
-    counts past which some linear multiplies by another kernel (layers.form_row_limits), as
-    the cost jumps there. A span no step has reached yet is priced as the nearest one below
-    it that a step has (so crossing a limit is tried, and so measured)."""
+    counts past which some linear multiplies by another kernel (layers.form_row_limits) or
+    the compiled step leaves the step to eager (its max_rows), as the cost jumps there. A
+    span no step has reached yet is priced as the nearest one below it that a step has (so
+    crossing a limit is tried, and so measured)."""
 
     def __init__(self, limits: tuple[int, ...] | list[int] = (), window: int = COST_WINDOW):
         self.limits = np.array(sorted(set(limits)), dtype=np.int64)

@@ -108,6 +108,8 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
                 )
                 single = e.runner.model.compiled._single
                 e.runner.model.compiled._single = lambda f, g=single: calls.append((1, 1)) or g(f)
+                # past the graph's tokens a step runs eager: the budget prices that apart
+                assert 64 in e.core.outputs.budget.cost.limits
                 e.core.outputs.budget.cost = FlatCost()
             graphs = counters["stats"]["unique_graphs"]
             outs[spec] = e.generate(
