@@ -92,24 +92,15 @@ class PackedWeight(WeightForm):
         return cls(_pack(w[:inter].contiguous()), _pack(w[inter:].contiguous()))
 
     def matmul(self, x: Tensor, bias: MaybeTensor = None, residual: MaybeTensor = None) -> Tensor:
-        if torch.compiler.is_compiling():
-            if residual is None:
-                return torch.ops.stemma.packed_linear(x, self.handle, bias, "none")
-            return torch.ops.stemma.packed_linear_binary(x, residual, self.handle, bias, "add")
         if residual is None:
-            return _linear_pointwise(x, self.packed, bias, "none")
-        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, bias, "add")
+            return _by_number(x, self.handle, bias, "none")
+        return _by_number_binary(x, residual, self.handle, bias, "add")
 
     def gated(self, x: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
         gate_bias, up_bias = (None, None) if bias is None else bias.chunk(2)
-        fused = "swish" if act == "silu" else "none"
-        if torch.compiler.is_compiling():
-            gate = torch.ops.stemma.packed_linear(x, self.handle, gate_bias, fused)
-            gate = gate if act == "silu" else activation(gate, act)
-            return torch.ops.stemma.packed_linear_binary(x, gate, self.up_handle, up_bias, "mul")
-        gate = _linear_pointwise(x, self.packed, gate_bias, fused)
+        gate = _by_number(x, self.handle, gate_bias, "swish" if act == "silu" else "none")
         gate = gate if act == "silu" else activation(gate, act)
-        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.up, up_bias, "mul")
+        return _by_number_binary(x, gate, self.up_handle, up_bias, "mul")
 
     @property
     def nbytes(self) -> int:
@@ -160,6 +151,20 @@ def packed_linear_binary(
 @packed_linear_binary.register_fake
 def _(x: Tensor, other: Tensor, weight: int, bias: Tensor | None, op: str) -> Tensor:
     return x.new_empty((*x.shape[:-1], _HELD[weight].shape[0]))
+
+
+def _by_number(x: Tensor, weight: int, bias: MaybeTensor, act: str) -> Tensor:
+    """packed_linear: through the op inside a compiled step, directly in an eager one."""
+    if torch.compiler.is_compiling():
+        return torch.ops.stemma.packed_linear(x, weight, bias, act)
+    return _linear_pointwise(x, _HELD[weight], bias, act)
+
+
+def _by_number_binary(x: Tensor, other: Tensor, weight: int, bias: MaybeTensor, op: str) -> Tensor:
+    """packed_linear_binary: through the op inside a compiled step, directly in an eager one."""
+    if torch.compiler.is_compiling():
+        return torch.ops.stemma.packed_linear_binary(x, other, weight, bias, op)
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, _HELD[weight], bias, op)
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
