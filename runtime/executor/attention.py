@@ -191,7 +191,10 @@ class DecodeKV:
     on the same way where the compiled step takes it. Any other step ends the run; the next
     decode step starts a new one with the gather it would do anyway, only HEADROOM positions
     wider. The pool stays the source of truth (written every step as before), and the copy
-    holds what the pool holds, so reading it changes no result.
+    holds what the pool holds, so reading it changes no result. A request is its row and the
+    row's epoch: a row handed to a new request is another request, even where the new one's
+    first step is a decode step (a prompt cached but for its last token) at a position the
+    copy holds for the row's former request.
     """
 
     BUDGET_BYTES = 256 << 20  # larger batches x contexts gather from the pool every step
@@ -200,7 +203,8 @@ class DecodeKV:
     def __init__(self) -> None:
         self.k: list[torch.Tensor] = []  # per layer, [B, capacity, num_kv_heads, head_dim]
         self.v: list[torch.Tensor] = []
-        self.rows: list[int] | None = None  # the run's req_pool_idx (None: no run)
+        # the run's requests, as (req_pool_idx, row epoch) (None: no run)
+        self.rows: list[tuple[int, int]] | None = None
         self.seq_lens: list[int] = []  # its context lengths at the last step
         self.capacity = 0
         self.max_ctx = 0  # this step's longest context
@@ -211,7 +215,8 @@ class DecodeKV:
     def begin(self, fb: ForwardBatch, eligible: bool, kv_slots: torch.Tensor) -> str | None:
         """How this step uses the copy: "append" (the run goes on), "start" (a new run) or
         None (no copy). kv_slots: [B, max_ctx] each request's context slots, 0 past its end."""
-        rows, seq_lens = fb.req_pool_idx.tolist(), fb.seq_lens_cpu
+        rows = list(zip(fb.req_pool_idx.tolist(), fb.row_epochs))
+        seq_lens = fb.seq_lens_cpu
         self.max_ctx = max(seq_lens)
         prefix_lens = [s - e for s, e in zip(seq_lens, fb.extend_lens_cpu)]
         continues = (

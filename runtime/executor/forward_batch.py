@@ -46,6 +46,8 @@ class ForwardBatch:
     # Rows of the packed tokens whose logits are wanted: the last token of each
     # request by default, every token when prompt logprobs are asked for.
     logits_idx: torch.Tensor  # [num_logit_rows] int64
+    # Each request's row epoch (ReqToTokenPool.epochs): a row and its epoch name one request.
+    row_epochs: list[int]
 
     @property
     def batch_size(self) -> int:
@@ -64,11 +66,12 @@ class ForwardBatch:
         out_cache_loc: torch.Tensor,
         logit_rows: list[list[int]] | None = None,
         device: torch.device | str = "cpu",
+        row_epochs: list[int] | None = None,
     ) -> ForwardBatch:
         """Pack one step. input_ids[i] are request i's new tokens, already written
         (with their slots) into req_to_token at positions prefix_lens[i]:.
         logit_rows[i] lists offsets within request i's new tokens whose logits are
-        wanted (default: the last one)."""
+        wanted (default: the last one). row_epochs[i]: request i's row epoch (default 0)."""
         extend_lens = [len(t) for t in input_ids]
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         if any(e < 1 for e in extend_lens):
@@ -109,4 +112,5 @@ class ForwardBatch:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=extend_lens,
             logits_idx=torch.tensor(logits_idx, dtype=torch.int64, device=device),
+            row_epochs=list(row_epochs) if row_epochs is not None else [0] * len(extend_lens),
         )

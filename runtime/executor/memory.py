@@ -57,13 +57,20 @@ class ReqToTokenPool:
         )
         self.max_context = max_context
         self._free_rows = list(range(max_running))
+        # How many requests each row has been handed to: state kept per row across steps (the
+        # decode copy, attention.DecodeKV) belongs to (row, epoch), never to a later holder.
+        self.epochs = [0] * max_running
 
     @property
     def num_free_rows(self) -> int:
         return len(self._free_rows)
 
     def alloc(self) -> int | None:
-        return self._free_rows.pop() if self._free_rows else None
+        if not self._free_rows:
+            return None
+        row = self._free_rows.pop()
+        self.epochs[row] += 1
+        return row
 
     def free(self, row: int) -> None:
         self._free_rows.append(row)

@@ -125,6 +125,7 @@ class ModelRunner:
             torch.tensor(out_cache_loc, dtype=torch.int32),
             logit_rows,
             self.device,
+            [self.req_to_token_pool.epochs[row] for row in req_pool_idx],
         )
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """A step as one flat int64 tensor: what rank 0 sends the other tensor-parallel ranks.
 
 Layout: [op, B, num_tokens, num_kv, num_logits] then input_ids, prefix_lens, extend_lens,
-req_pool_idx, out_cache_loc, kv_indices, logits_idx. A receiver rebuilds the ForwardBatch
-(positions, seq_lens, indptrs, mode) from these, so every rank runs the same step. op STOP
-(and nothing after it) ends a worker. `unpack_step` checks every size and index against the
-receiver's StepBounds before it builds anything: the message came over a socket.
+req_pool_idx, row_epochs, out_cache_loc, kv_indices, logits_idx. A receiver rebuilds the
+ForwardBatch (positions, seq_lens, indptrs, mode) from these, so every rank runs the same step
+(and keeps its decode copy for the same requests). op STOP (and nothing after it) ends a
+worker. `unpack_step` checks every size and index against the receiver's StepBounds before it
+builds anything: the message came over a socket.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def pack_step(fb: ForwardBatch) -> bytes:
         fb.prefix_lens,
         fb.extend_lens,
         fb.req_pool_idx,
+        torch.tensor(fb.row_epochs, dtype=torch.int64),
         fb.out_cache_loc,
         fb.kv_indices,
         fb.logits_idx,
@@ -65,13 +67,14 @@ def unpack_step(
     op, b, n, num_kv, num_logits = flat[:HEADER_LEN].tolist()
     if op == StepOp.STOP and flat.numel() == HEADER_LEN:
         return None
-    sizes = [n, b, b, b, n, num_kv, num_logits]
+    sizes = [n, b, b, b, b, n, num_kv, num_logits]
     if op != StepOp.FORWARD or min(sizes) < 0 or HEADER_LEN + sum(sizes) != flat.numel():
         raise ValueError(
             f"step message header {[op, b, n, num_kv, num_logits]} does not match its "
             f"{flat.numel()} values"
         )
-    ids, prefix, extend, rows, out_loc, kv_indices, logits_idx = flat[HEADER_LEN:].split(sizes)
+    parts = flat[HEADER_LEN:].split(sizes)
+    ids, prefix, extend, rows, epochs, out_loc, kv_indices, logits_idx = parts
     prefix_cpu, extend_cpu = prefix.tolist(), extend.tolist()
     seq_cpu = [p + e for p, e in zip(prefix_cpu, extend_cpu)]
     _check_step(bounds, ids, rows, out_loc, kv_indices, logits_idx, prefix_cpu, extend_cpu)
@@ -99,6 +102,7 @@ def unpack_step(
         seq_lens_cpu=seq_cpu,
         extend_lens_cpu=extend_cpu,
         logits_idx=logits_idx.to(device),
+        row_epochs=epochs.tolist(),
     )
 
 

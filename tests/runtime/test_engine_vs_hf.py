@@ -139,3 +139,29 @@ def test_shared_prefix_batch_uses_cascade_and_matches_hf(
     assert [r.output_ids for r in reqs] == [
         hf_ref.greedy(tiny_llama_dir, shared + t, N) for t in tails
     ]
+
+
+def test_a_row_handed_on_is_another_request_in_the_decode_copy(
+    tiny_llama_dir, harness_factory, hf_ref, make_prompts
+):
+    """Prompts cached but for their last token start with a decode step, on the row the request
+    before them freed. Two prompts that differ in one token, each asked again after the other:
+    each gets its own continuation, not the one the row's former request left in the decode
+    copy (attention.DecodeKV), alone or joining a running request."""
+    h = harness_factory(tiny_llama_dir, max_total_tokens=4096)
+    head, tail, other = make_prompts([20, 3, 15], 384, 13)
+    a, b = head + [41] + tail, head + [42] + tail
+    for rid, p in [("a", a), ("b", b), ("a2", a), ("b2", b)]:
+        r = h.add(rid, p, max_new_tokens=N)
+        h.run()
+        assert r.output_ids == hf_ref.greedy(tiny_llama_dir, p, N), rid
+    assert h.steps[-N] == {"b2": 1}  # cached but for its last token: a decode step
+    long = h.add("long", other, max_new_tokens=3 * N)  # runs while the others come and go
+    h.step()
+    for rid, p in [("a3", a), ("b3", b), ("a4", a)]:
+        r = h.add(rid, p, max_new_tokens=N)
+        while r.finish is None:
+            h.step()
+        assert r.output_ids == hf_ref.greedy(tiny_llama_dir, p, N), rid
+    h.run()
+    assert long.output_ids == hf_ref.greedy(tiny_llama_dir, other, 3 * N)

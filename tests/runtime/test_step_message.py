@@ -24,12 +24,13 @@ BOUNDS = StepBounds(vocab_size=100, num_rows=4, num_slots=64, max_context=32)
 
 
 def two_requests() -> ForwardBatch:
-    """Row 1: 3 cached tokens + 2 new; row 2: a 4-token prompt."""
+    """Row 1 (its third holder): 3 cached tokens + 2 new; row 2 (its first): a 4-token prompt."""
     req_to_token = torch.zeros((4, 32), dtype=torch.int32)
     req_to_token[1, :5] = torch.tensor([10, 11, 12, 13, 14])
     req_to_token[2, :4] = torch.tensor([20, 21, 22, 23])
     out = torch.tensor([13, 14, 20, 21, 22, 23], dtype=torch.int32)
-    return ForwardBatch.build(req_to_token, [1, 2], [3, 0], [[7, 8], [1, 2, 3, 4]], out)
+    ids = [[7, 8], [1, 2, 3, 4]]
+    return ForwardBatch.build(req_to_token, [1, 2], [3, 0], ids, out, row_epochs=[3, 1])
 
 
 def words(data: bytes) -> list[int]:
@@ -48,22 +49,23 @@ def test_forward_round_trips_and_stop_is_none():
     assert got.positions.tolist() == [3, 4, 0, 1, 2, 3]
     assert got.kv_indices.tolist() == fb.kv_indices.tolist()
     assert got.seq_lens_cpu == [5, 4] and got.logits_idx.tolist() == [1, 5]
+    assert got.row_epochs == [3, 1]
     assert unpack_step(pack_stop(), bounds=BOUNDS) is None
 
 
 # two_requests' message: header 0-4, input_ids 5-10, prefix_lens 11-12, extend_lens 13-14,
-# req_pool_idx 15-16, out_cache_loc 17-22, kv_indices 23-31, logits_idx 32-33.
+# req_pool_idx 15-16, row_epochs 17-18, out_cache_loc 19-24, kv_indices 25-33, logits_idx 34-35.
 @pytest.mark.parametrize(
     "where, value, message",
     [
         (5, 100, r"input_ids spans \[1, 100\], outside \[0, 100\)"),  # the first id
         (5 + 6 + 4, 4, r"req_pool_idx spans \[2, 4\], outside \[0, 4\)"),  # row 1 -> row 4
-        (5 + 6 + 6, 64, r"out_cache_loc spans \[14, 64\]"),  # the first new slot
-        (5 + 6 + 6 + 6 + 8, -1, r"kv_indices spans \[-1, 22\]"),  # the last one
-        (5 + 6 + 6 + 6 + 9 + 1, 6, r"logits_idx spans \[1, 6\], outside \[0, 6\)"),
+        (5 + 6 + 8, 64, r"out_cache_loc spans \[14, 64\]"),  # the first new slot
+        (5 + 6 + 8 + 6 + 8, -1, r"kv_indices spans \[-1, 22\]"),  # the last one
+        (5 + 6 + 8 + 6 + 9 + 1, 6, r"logits_idx spans \[1, 6\], outside \[0, 6\)"),
         (5 + 6 + 2, 0, r"extend_lens \[0, 4\]"),  # a request with no new token
         (0, 7, r"header \[7, 2, 6, 9, 2\] does not match"),  # no such op
-        (3, 10, r"header \[1, 2, 6, 10, 2\] does not match its 34 values"),
+        (3, 10, r"header \[1, 2, 6, 10, 2\] does not match its 36 values"),
     ],
 )
 def test_a_message_out_of_bounds_is_refused_naming_the_field(where, value, message):
