@@ -194,6 +194,15 @@ class Engine(EngineLoop):
                 if compiled is not None and (single := compiled._single) is not None
                 else None
             ),
+            "torch_compile_drafts_package": (  # one request's drafts' (2 to max_tokens)
+                {
+                    "path": str(drafts.path),
+                    "from_cache": not drafts.built,
+                    "max_tokens": drafts.max_tokens,
+                }
+                if compiled is not None and (drafts := compiled._drafts) is not None
+                else None
+            ),
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(tok.eos_token_ids),

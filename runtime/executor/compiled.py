@@ -19,9 +19,11 @@ steps over a shared prefix (cascade), steps of more tokens than it takes, and ba
 dense copy does not hold (over its budget).
 
 A one-row step runs the same graph compiled ahead of time (compiled_aot.py: no Dynamo
-guards, no Python between its kernels); Dynamo's graph takes the steps of more rows, the row
-count symbolic from two rows on, and one request's drafts in a specialization of its own
-(Dynamo fixes a size of one). `warm_up` builds them all at start, and compiles one row past
+guards, no Python between its kernels), and so do one request's drafts, up to the first row
+limit past one where a linear changes kernel (a second package, the token count symbolic);
+Dynamo's graph takes the steps of more requests, the row count symbolic from two rows on,
+and one request's longer drafts in a specialization of its own (Dynamo fixes a size of
+one). `warm_up` builds them all at start, and compiles one row past
 each limit where a linear changes form (weights/few_rows.py). Where the one-row package
 cannot be built, Dynamo's graph takes one row too, specialized. oneDNN-packed bfloat16, an
 opaque tensor Dynamo cannot trace, is multiplied through ops that name each weight by number
@@ -48,7 +50,7 @@ from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from ..models.layers import compiled_row_limit, form_row_limits
 from .attention import TorchAttnBackend, masked_attention
-from .compiled_aot import MIN_CAPACITY, SingleRowStep, build_single_row, inputs
+from .compiled_aot import MIN_CAPACITY, PackagedStep, build_package, inputs
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory import KVPool
 
@@ -181,7 +183,8 @@ class CompiledDecode:
         self.compile_s = 0.0  # warm_up's compile (or cache load) time
         self._run: list[torch.Tensor] | None = None  # the dense copy's K of the run it started
         self.aot_dir: Path | None = None  # where the one-row package is kept (build sets it)
-        self._single: SingleRowStep | None = None  # the one-row step (compiled_aot.py)
+        self._single: PackagedStep | None = None  # the one-row step (compiled_aot.py)
+        self._drafts: PackagedStep | None = None  # one request's drafts (compiled_aot.py)
 
     def forward(
         self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend
@@ -214,6 +217,11 @@ class CompiledDecode:
         one_row = decode and fb.batch_size == 1 and dense.capacity >= MIN_CAPACITY
         if one_row and self._single is not None:
             return self.model.project(self._single(inputs(*args, *kv)))
+        package = self._drafts
+        if package is not None and not decode and fb.batch_size == 1:
+            if fb.num_tokens <= package.max_tokens and dense.capacity >= MIN_CAPACITY:
+                hidden = package(inputs(*args, *kv)).index_select(0, fb.logits_idx)
+                return self.model.project(hidden)
         hidden = self._step(self.model, *args, *kv)
         if not decode:  # the rows whose logits are asked for (a draft's every token)
             hidden = hidden.index_select(0, fb.logits_idx)
@@ -273,8 +281,10 @@ class CompiledDecode:
         over one request, it leaves one request's drafts to eager steps."""
         for rows in self.warm_up_rows():
             example = self._example(pool, rows, rows)
-            if rows == 1 and self.aot_dir is not None and self._build_single(pool, example):
-                continue
+            if rows == 1 and self.aot_dir is not None:
+                self._single = self._build_package(pool, example, 1)
+                if self._single is not None:
+                    continue
             try:
                 self._compile(example, rows, rows)
             except Exception as e:  # noqa: BLE001 - the rows before it stay compiled
@@ -287,8 +297,13 @@ class CompiledDecode:
                 )
                 log.warning("enable_torch_compile: %s", self.note)
                 break
+        packaged = 1  # one request's steps of at most this many tokens run a package
+        if self.verifies_one_request and self.aot_dir is not None and self.drafts_span() > 1:
+            span = self.drafts_span()
+            self._drafts = self._build_package(pool, self._example(pool, span, 1), span)
+            packaged = span if self._drafts is not None else 1
         for rows in self.warm_up_rows() if self.verifies_one_request else []:
-            if rows == 1:
+            if rows <= packaged:
                 continue
             try:
                 self._compile(self._example(pool, rows, 1), rows, 1)
@@ -335,20 +350,27 @@ class CompiledDecode:
         with torch.inference_mode():
             self._step(self.model, *example)
 
-    def _build_single(self, pool: KVPool, example: tuple) -> bool:
-        """Build (or load) the one-row package; False, with a note, where that fails."""
+    def drafts_span(self) -> int:
+        """The most tokens one request's drafts package takes: up to the first row limit past
+        one where a linear changes kernel (the package holds one kernel per linear)."""
+        past_one = [n for n in form_row_limits(self.model.layers) if n > 1]
+        return min([self.max_rows, *past_one])
+
+    def _build_package(self, pool: KVPool, example: tuple, max_tokens: int):
+        """Build (or load) a package (compiled_aot.py) of one request's steps of up to
+        `max_tokens` tokens; None, with a note, where that fails (Dynamo's graph takes them)."""
         assert self.aot_dir is not None
         self.aot_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._single = build_single_row(self.model, decode_graph, pool, example, self.aot_dir)
-        except Exception as e:  # noqa: BLE001 - Dynamo's graph takes the row instead
+            return build_package(self.model, decode_graph, pool, example, self.aot_dir, max_tokens)
+        except Exception as e:  # noqa: BLE001 - Dynamo's graph takes the steps instead
+            steps = "one-row steps" if max_tokens == 1 else "one request's drafts"
             self.note = (
-                f"one-row steps run through Dynamo's graph ({type(e).__name__} building "
-                f"their AOTInductor package: {first_line(e)})"
+                f"{steps} run through Dynamo's graph ({type(e).__name__} building their "
+                f"AOTInductor package: {first_line(e)})"
             )
             log.warning("enable_torch_compile: %s", self.note)
-            return False
-        return True
+            return None
 
 
 def first_line(e: Exception) -> str:

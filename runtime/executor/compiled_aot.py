@@ -1,9 +1,12 @@
-"""The one-row decode step compiled ahead of time (AOTInductor): the graph compiled.py traces,
+"""Single-stream steps compiled ahead of time (AOTInductor): the graph compiled.py traces,
 exported with torch.export and built by Inductor into a shared library whose C++ wrapper calls
 its kernels. A step then runs without Dynamo's guard checks and without the Python function
 that calls Inductor's kernels one by one, about 1.5 ms of a 9 ms SmolLM2 step on a 2-core CPU
-(bench/results/compiled_aot.jsonl). Single-stream decode is where that overhead counts: steps
-of more rows keep the Dynamo graph (compiled.py).
+(bench/results/compiled_aot.jsonl), and about 3 ms of a step verifying one request's drafts.
+Single-stream decode is where that overhead counts, so two packages: the one-row decode step,
+and one request's drafts (2 to `max_tokens` tokens, the count symbolic, up to the first row
+limit where a linear changes kernel, as the kernel is part of the code). Steps of more
+requests keep the Dynamo graph (compiled.py).
 
 The library holds its own copy of the weights (Inductor folds some of them into the forms
 its kernels read, under names of its own, so they cannot be lent from the live model): one
@@ -59,11 +62,13 @@ class _Step(torch.nn.Module):
         )
 
 
-class SingleRowStep:
-    """A loaded package: call it with the step's inputs flattened, as `inputs` lists them."""
+class PackagedStep:
+    """A loaded package: call it with the step's inputs flattened, as `inputs` lists them.
+    max_tokens: the most new tokens it takes (one request's)."""
 
-    def __init__(self, path: Path, built: bool) -> None:
+    def __init__(self, path: Path, built: bool, max_tokens: int = 1) -> None:
         self.path, self.built = path, built  # built: compiled now, not loaded from the cache
+        self.max_tokens = max_tokens
         self._run = torch._inductor.aoti_load_package(str(path)).loader.boxed_run
 
     def __call__(self, flat: list[torch.Tensor]) -> torch.Tensor:
@@ -77,30 +82,39 @@ def inputs(
     return [ids, positions, rows, out_loc, flat_pos, *pool_k, *pool_v, *dense_k, *dense_v]
 
 
-def build_single_row(
-    model: DecoderForCausalLM, graph: Any, pool: KVPool, example: tuple, cache_dir: Path
-) -> SingleRowStep:
-    """Export `graph` (compiled.decode_graph) at one row over `example` (its arguments after
-    the model, the dense copy's capacity symbolic) and load its package from `cache_dir`, or
-    compile it there first."""
+def build_package(
+    model: DecoderForCausalLM,
+    graph: Any,
+    pool: KVPool,
+    example: tuple,
+    cache_dir: Path,
+    max_tokens: int = 1,
+) -> PackagedStep:
+    """Export `graph` (compiled.decode_graph) over `example` (its arguments after the model,
+    one request's; the dense copy's capacity symbolic) and load its package from `cache_dir`,
+    or compile it there first. max_tokens 1: the one-row decode step; more: one request's
+    steps of 2 to max_tokens tokens (the count symbolic; the example's sets the loops)."""
     layers = len(pool.k)
     capacity = torch.export.Dim("capacity", min=MIN_CAPACITY, max=1 << 24)
     dense = [{1: capacity}] * layers
-    shapes = (None, None, None, None, None, [None] * layers, [None] * layers, dense, dense)
+    tokens = torch.export.Dim("tokens", min=2, max=max_tokens) if max_tokens > 1 else None
+    per_token = {0: tokens} if tokens is not None else None  # ids, positions, rows, slots
+    shapes = (*[per_token] * 5, [None] * layers, [None] * layers, dense, dense)
     with torch.no_grad():
         ep = torch.export.export(_Step(model, graph), example, dynamic_shapes=shapes, strict=False)
     # the example's sizes too: Inductor plans its loops by them, symbolic or not
     sizes = [tuple(t.shape) for t in inputs(*example)]
-    path = cache_dir / f"decode-1row-{_digest(ep, sizes)}.pt2"
+    kind = "decode-1row" if max_tokens == 1 else f"drafts-2to{max_tokens}"
+    path = cache_dir / f"{kind}-{_digest(ep, sizes)}.pt2"
     if path.exists():
-        return SingleRowStep(path, built=False)
+        return PackagedStep(path, built=False, max_tokens=max_tokens)
     # Inductor's files for it (a second copy of the weights) go once it is packaged; the
     # package is moved into place whole, so a reader sees all of it or none
     with tempfile.TemporaryDirectory(dir=cache_dir) as work, temporary_cache_dir(work):
         partial = Path(work) / "package.pt2"
         torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
         os.replace(partial, path)
-    return SingleRowStep(path, built=True)
+    return PackagedStep(path, built=True, max_tokens=max_tokens)
 
 
 def _digest(ep: torch.export.ExportedProgram, sizes: list) -> str:

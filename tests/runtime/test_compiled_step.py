@@ -79,6 +79,17 @@ def test_compiled_step_equals_eager_in_float64(family, tiny_llama_dir, tmp_path_
         assert a == pytest.approx(b, abs=2e-5)
 
 
+class CountedPackage:
+    """A package (compiled_aot.py) that notes (tokens, "package") for each step it runs."""
+
+    def __init__(self, package, calls: list) -> None:
+        self.package, self.calls, self.max_tokens = package, calls, package.max_tokens
+
+    def __call__(self, flat):
+        self.calls.append((flat[0].shape[0], "package"))
+        return self.package(flat)
+
+
 class FlatCost(StepCost):
     """Every step measured at 10 ms whatever its rows, so drafting always pays (the tiny
     model's real costs would have the budget decline drafts next to the graph's steps)."""
@@ -102,12 +113,16 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
         cfg |= {"cache_dir": str(tmp_path / "cache"), "speculative_algorithm": spec}
         with Engine(model_path=str(tiny_llama_dir), **cfg) as e:
             if compile_on:  # (tokens, requests) of each step a graph takes
+                assert e.get_model_info()["torch_compile_drafts_package"]["max_tokens"] == 64
                 graph = e.runner.model.compiled._step
                 e.runner.model.compiled._step = lambda *a, g=graph: (
                     calls.append((a[1].shape[0], a[8][0].shape[0])) or g(*a)
                 )
                 single = e.runner.model.compiled._single
                 e.runner.model.compiled._single = lambda f, g=single: calls.append((1, 1)) or g(f)
+                # one request's drafts, up to the graph's 64 tokens: their package
+                compiled_step = e.runner.model.compiled
+                compiled_step._drafts = CountedPackage(compiled_step._drafts, calls)
                 # past the graph's tokens a step runs eager: the budget prices that apart
                 assert 64 in e.core.outputs.budget.cost.limits
                 e.core.outputs.budget.cost = FlatCost()
@@ -122,8 +137,11 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
     assert lookup["spec_num_proposed_drafts"] > lookup["spec_num_correct_drafts"]  # rejected
     assert forced["spec_num_correct_drafts"] > 0  # accepted
     assert (1, 1) in calls and (2, 2) in calls  # the graph ran the steps without drafts
-    # ... and the steps that verify drafts, one request's and two requests'
-    assert any(t > 1 and r == 1 for t, r in calls) and any(t > r > 1 for t, r in calls)
+    # ... and the steps that verify drafts: one request's by its package, two requests' by
+    # Dynamo's graph
+    assert any(t > 1 and r == "package" for t, r in calls)
+    assert not any(t > 1 and r == 1 for t, r in calls)
+    assert any(isinstance(r, int) and t > r > 1 for t, r in calls)
 
 
 def test_flags_and_limits():
@@ -239,8 +257,9 @@ def test_packed_weights_run_in_the_graph_and_give_eager_tokens(
 ):
     """oneDNN-packed weights (the bfloat16 plan's, opaque to Dynamo) are multiplied in the
     graph by number (weights/dense.py), so the graph takes every step, of any row count, the
-    batch's and one request's drafts'. Packed in float32 here, which every x86 CPU packs, so
-    the compiled tokens are eager's (their logprobs to float32 rounding)."""
+    batch's, and one request's drafts run their package (which calls the same weights).
+    Packed in float32 here, which every x86 CPU packs, so the compiled tokens are eager's
+    (their logprobs to float32 rounding)."""
     from stemma.runtime import engine_core
     from stemma.runtime.models.layers import Linear, compiled_row_limit
     from stemma.runtime.weight_plan import WeightPlan
@@ -262,6 +281,7 @@ def test_packed_weights_run_in_the_graph_and_give_eager_tokens(
                 graph._step = lambda *a, g=graph._step: (
                     calls.append((a[1].shape[0], a[8][0].shape[0])) or g(*a)
                 )
+                graph._drafts = CountedPackage(graph._drafts, calls)
                 e.core.outputs.budget.cost = FlatCost()
             out = e.generate(
                 input_ids=[loop * 4, *PROMPTS],
@@ -276,7 +296,7 @@ def test_packed_weights_run_in_the_graph_and_give_eager_tokens(
         want = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
         assert got == pytest.approx(want, abs=1e-4)
     assert any(t == r == 4 for t, r in calls)  # the batch's decode steps
-    assert any(t > r == 1 for t, r in calls)  # one request's drafts
+    assert any(t > 1 and r == "package" for t, r in calls)  # one request's drafts
 
 
 def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_path):
@@ -356,18 +376,29 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
     graph = compiled.CompiledDecode(net, 1)
     graph.aot_dir = tmp_path / "aot"
     rows: list = []
-    graph._step = lambda model, ids, *rest: rows.append(ids.shape[0])
+    graph._step = lambda model, ids, *rest: rows.append((ids.shape[0], rest[-1][0].shape[0]))
 
     def fail(*args, **kwargs):
         raise RuntimeError("g++ not found\nmore")
 
-    orig, compiled.build_single_row = compiled.build_single_row, fail
+    orig, compiled.build_package = compiled.build_package, fail
     try:
         graph.warm_up(pool)
+        assert graph._single is None and rows == [(1, 1)]  # Dynamo's graph took the row
+        assert graph.note == (
+            "one-row steps run through Dynamo's graph (RuntimeError building their "
+            "AOTInductor package: g++ not found)"
+        )
+        rows.clear()  # with drafts: Dynamo's graph takes one request's too
+        graph = compiled.CompiledDecode(net, 2, drafts=True)
+        graph.aot_dir = tmp_path / "aot"
+        graph._step = lambda model, ids, *rest: rows.append((ids.shape[0], rest[-1][0].shape[0]))
+        graph.warm_up(pool)
     finally:
-        compiled.build_single_row = orig
-    assert graph._single is None and rows == [1]  # Dynamo's graph took the row
+        compiled.build_package = orig
+    assert graph._single is None and graph._drafts is None
+    assert rows == [(1, 1), (2, 2), (2, 1)]
     assert graph.note == (
-        "one-row steps run through Dynamo's graph (RuntimeError building their AOTInductor "
-        "package: g++ not found)"
+        "one request's drafts run through Dynamo's graph (RuntimeError building their "
+        "AOTInductor package: g++ not found)"
     )
