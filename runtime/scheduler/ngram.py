@@ -27,10 +27,17 @@ class NGramIndex:
             tokens.append(token)
 
     def lookup(self, max_tokens: int, min_n: int = MIN_NGRAM) -> list[int]:
-        """Up to max_tokens tokens that followed the longest matching suffix, [] if none."""
+        """Up to max_tokens tokens that followed the longest matching suffix, [] if none.
+
+        An occurrence that runs into the sequence's end (text repeating with a period of
+        `size - end` tokens: a list of the same item, a loop) goes on as the copy would, from
+        the draft's own tokens, so a repetition drafts max_tokens rather than one period."""
         tokens, size = self.tokens, len(self.tokens)
         for n in range(min(self.max_n, size), min_n - 1, -1):
             end = self.ends.get(tuple(tokens[size - n :]))
             if end is not None:
-                return tokens[end : end + max_tokens]
+                draft = tokens[end : end + max_tokens]
+                while len(draft) < max_tokens:  # tokens[end:] == the period: repeat it
+                    draft.append(draft[len(draft) - (size - end)])
+                return draft
         return []

@@ -55,6 +55,19 @@ def test_lookup_finds_the_latest_earlier_occurrence_longest_suffix_first():
     assert fresh.lookup(4) == []
 
 
+def test_a_repetition_drafts_past_its_own_period():
+    """An occurrence that runs into the end (a repeating list) goes on from the draft itself,
+    as the copy of a repetition would."""
+    index = NGramIndex(max_n=4)
+    index.extend([7, 8, 1, 2, 1, 2, 1, 2])  # "None, None, None": a period of 2
+    assert index.lookup(5) == [1, 2, 1, 2, 1]
+    index = NGramIndex(max_n=3)
+    index.extend([5, 3, 4, 6, 3, 4, 6, 3, 4])  # a period of 3: (6, 3, 4) last ended at 6
+    assert index.lookup(7) == [6, 3, 4, 6, 3, 4, 6]
+    index.extend([9])  # the period broken: (4, 9) never seen
+    assert index.lookup(7) == []
+
+
 def test_draft_source_follows_prompt_and_output_incrementally():
     budget = DraftBudget(max_tokens=4)
     source = NGramDraft(budget)
