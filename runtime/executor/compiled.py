@@ -182,7 +182,7 @@ class CompiledDecode:
         self._step = torch.compile(own, fullgraph=True, options=options)
         self.compile_s = 0.0  # warm_up's compile (or cache load) time
         self._run: list[torch.Tensor] | None = None  # the dense copy's K of the run it started
-        self.aot_dir: Path | None = None  # where the one-row package is kept (build sets it)
+        self.aot_dir: Path | None = None  # where the packages are kept (build sets it)
         self._single: PackagedStep | None = None  # the one-row step (compiled_aot.py)
         self._drafts: PackagedStep | None = None  # one request's drafts (compiled_aot.py)
 
@@ -273,12 +273,13 @@ class CompiledDecode:
         """Run the graph at each of warm_up_rows, so every compile happens now and none
         inside a step; at one row, build the package instead where `aot_dir` is set (Dynamo's
         graph then starts at two rows, symbolic, for any number of requests from two). With
-        `verifies_one_request`, the same row counts again over one request's copy (its drafts'
-        steps: Dynamo specializes a size of one). It writes K/V into the pool's first slots
-        after the padding slot, which no request holds yet. A row count that fails to compile
-        (a form Inductor cannot lower) caps
-        max_rows below it; at one row it raises (the engine then runs eager and says why);
-        over one request, it leaves one request's drafts to eager steps."""
+        `verifies_one_request`, one request's drafts' package where `aot_dir` is set (up to
+        drafts_span tokens), and the row counts past it again over one request's copy (its
+        longer drafts' steps: Dynamo specializes a size of one). It writes K/V into the pool's
+        first slots after the padding slot, which no request holds yet. A row count that fails
+        to compile (a form Inductor cannot lower) caps max_rows below it; at one row it raises
+        (the engine then runs eager and says why); over one request, it leaves one request's
+        longer drafts to eager steps."""
         for rows in self.warm_up_rows():
             example = self._example(pool, rows, rows)
             if rows == 1 and self.aot_dir is not None:
