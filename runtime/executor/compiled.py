@@ -338,10 +338,14 @@ class CompiledDecode:
 
     def _compile(self, example: tuple, tokens: int, requests: int) -> None:
         """Run Dynamo's graph once over `example`: the capacity symbolic, and from two on,
-        the tokens and the requests."""
+        the tokens and the requests, except where `tokens` is a row limit itself (a span of
+        one row count, from 2 to a limit of 2: a linear's kernel choice fixes it, and Dynamo
+        refuses a size marked symbolic that a guard fixes)."""
         ids, positions, rows, loc, flat, _, _, dense_k, dense_v = example
         for t in (*dense_k, *dense_v):
             torch._dynamo.mark_dynamic(t, 1)
+        if tokens in form_row_limits(self.model.layers):
+            tokens = requests = 1  # nothing symbolic but the capacity
         if tokens > 1:  # symbolic from the first size Dynamo compiles past one
             for t in (ids, positions, rows, loc, flat):
                 torch._dynamo.mark_dynamic(t, 0)

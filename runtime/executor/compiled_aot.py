@@ -97,7 +97,8 @@ def build_package(
     layers = len(pool.k)
     capacity = torch.export.Dim("capacity", min=MIN_CAPACITY, max=1 << 24)
     dense = [{1: capacity}] * layers
-    tokens = torch.export.Dim("tokens", min=2, max=max_tokens) if max_tokens > 1 else None
+    # (a span of one count, 2 to 2, stays static: export refuses a Dim whose range is one)
+    tokens = torch.export.Dim("tokens", min=2, max=max_tokens) if max_tokens > 2 else None
     per_token = {0: tokens} if tokens is not None else None  # ids, positions, rows, slots
     shapes = (*[per_token] * 5, [None] * layers, [None] * layers, dense, dense)
     with torch.no_grad():
