@@ -21,7 +21,7 @@ from .executor.model_runner import ModelRunner
 from .faults import Faults
 from .measured import KeptMeasurements
 from .models.gguf_int4 import gguf_vocab_type, has_gguf_int4_blocks
-from .models.layers import form_row_limits
+from .models.layers import cost_row_limits
 from .models.loader import LoadedModel, cache_root, load_model
 from .models.weights import few_rows
 from .sampling.sampler import Sampler
@@ -65,9 +65,10 @@ def build_core(
     sampler = Sampler(vocab_size, tokenizer.eos_token_ids, cfg.random_seed)
     budget = None
     if cfg.speculative_algorithm == "NGRAM":
-        # a step's cost jumps where a linear changes kernel, and past the tokens the
-        # compiled step takes (more run eager): priced per span (speculative.py)
-        limits = form_row_limits(runner.model)
+        # a step's cost jumps where a linear changes kernel or its kernel starts another
+        # block of rows, and past the tokens the compiled step takes (more run eager):
+        # priced per span (speculative.py)
+        limits = cost_row_limits(runner.model)
         if (compiled := runner.model.compiled) is not None:
             limits.append(compiled.max_rows)
         cost = StepCost(limits)

@@ -60,6 +60,17 @@ def form_row_limits(module: nn.Module) -> list[int]:
     return sorted(n for n in limits if n is not None)
 
 
+def cost_row_limits(module: nn.Module) -> list[int]:
+    """The row counts past which a step's cost jumps, ascending: form_row_limits and the
+    stairs of the kernels' row blocks below them (WeightForm.cost_edges), for the draft
+    budget's fit (scheduler/speculative.py)."""
+    edges = set()
+    for m in module.modules():
+        if isinstance(m, Linear) and m.form:
+            edges |= m.form.cost_edges()
+    return sorted(edges)
+
+
 def compiled_row_limit(module: nn.Module) -> int | None:
     """The most rows for which every linear under `module` multiplies by a form Inductor
     compiles (WeightForm.compiled_rows): None for any count, 0 for none."""

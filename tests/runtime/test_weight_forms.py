@@ -170,6 +170,30 @@ def test_few_rows_form_takes_its_few_form_up_to_the_limit():
     assert torch.equal(scaled.matmul(x), many.matmul(x))
 
 
+def test_a_steps_cost_jumps_at_limits_and_at_the_int_kernels_row_blocks():
+    """Where the draft budget prices rows apart (layers.cost_row_limits): torch's int4 / int8
+    CPU kernels multiply 4 rows a pass over the weight, so a step of 5 rows costs about one
+    of 8; a form's own row limit is an edge too, and the float forms add none."""
+    from stemma.runtime.models.layers import Linear, cost_row_limits, form_row_limits
+    from stemma.runtime.models.weights.base import BLOCK_EDGE_ROWS
+    from stemma.runtime.models.weights.few_rows import FewRowsWeight
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 32)
+    plan = _plan("int4")
+    int4, int8, plain = (build_form(n, w, plan) for n in ("int4", "int8", "plain"))
+    assert int4.cost_edges() == int8.cost_edges() == set(range(4, BLOCK_EDGE_ROWS, 4))
+    assert plain.cost_edges() == set()
+    assert FewRowsWeight(int4, 8, plain).cost_edges() == {4, 8}
+    assert FewRowsWeight(int4, 6, plain).cost_edges() == {4, 6}
+    assert FewRowsWeight(int4, 2, plain).cost_edges() == {2}
+    model = torch.nn.ModuleList([Linear(32, 64, False, torch.float32) for _ in range(2)])
+    model[0].hold(FewRowsWeight(int4, 8, plain))
+    model[1].hold(FewRowsWeight(int8, 6, plain))
+    assert form_row_limits(model) == [6, 8]
+    assert cost_row_limits(model) == [4, 6, 8]
+
+
 def test_own_blocks_rows_stop_at_the_first_loss():
     """The decision from injected timings: the own form wins at 1 and 2 rows, loses at 4."""
     from stemma.runtime.models.weights.few_rows import MAX_OWN_ROWS, crossover_rows

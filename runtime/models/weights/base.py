@@ -24,6 +24,10 @@ class LinearSpec(NamedTuple):
     input_max: torch.Tensor | None = None  # calibrated max |input| per channel [in]
 
 
+# The rows up to which a form used at any count prices its kernel's row blocks apart (past
+# them one linear fit per span serves, as the stairs matter less against the rows)
+BLOCK_EDGE_ROWS = 16
+
 PLAIN_SPEC = LinearSpec()  # a linear that is neither the vocabulary nor gated, uncalibrated
 
 
@@ -39,6 +43,9 @@ class WeightForm(ABC):
     # A form that multiplies steps of at most this many rows by another kernel than larger
     # ones (a compiled step warms up both sides); None for one kernel at every size.
     max_rows: int | None = None
+    # The rows its kernel multiplies in one pass over the weight (torch's int4 / int8 CPU
+    # kernels take 4): a step's cost climbs in stairs of it, not by a constant per row.
+    row_block: ClassVar[int | None] = None
     # Whether Inductor can compile its matmul (executor/compiled.py); steps whose linears
     # would multiply by a form that cannot run eager.
     compiles: ClassVar[bool] = True
@@ -46,6 +53,16 @@ class WeightForm(ABC):
     def compiled_rows(self) -> int | None:
         """The most rows whose matmul by this form compiles: None for any, 0 for none."""
         return None if self.compiles else 0
+
+    def cost_edges(self) -> set[int]:
+        """The row counts past which a step's matmul by this form costs a jump more: its
+        max_rows, and the multiples of its row_block below that (below BLOCK_EDGE_ROWS where
+        it takes any rows)."""
+        edges = set() if self.max_rows is None else {self.max_rows}
+        if self.row_block:
+            top = BLOCK_EDGE_ROWS if self.max_rows is None else self.max_rows
+            edges |= set(range(self.row_block, top, self.row_block))
+        return edges
 
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:

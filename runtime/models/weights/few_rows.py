@@ -64,6 +64,10 @@ class FewRowsWeight(WeightForm):
             return self.few.compiled_rows()
         return self.max_rows if self.few.compiled_rows() is None else 0
 
+    def cost_edges(self) -> set[int]:
+        few = {n for n in self.few.cost_edges() if n < self.max_rows}
+        return few | {self.max_rows} | {n for n in self.many.cost_edges() if n > self.max_rows}
+
     def _scaled(self, x: Tensor) -> Tensor:
         return x if self.input_scale is None else x * self.input_scale
 

@@ -76,6 +76,7 @@ class Float16Weight(WeightForm):
 
 class Int8Weight(WeightForm):
     name = "int8"
+    row_block = 4  # rows a pass of the kernel takes
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor):
         self.codes = codes  # [out, in] int8
@@ -106,6 +107,8 @@ class Int8Weight(WeightForm):
 
 class Int4Weight(WeightForm):
     name = "int4"
+    # SmolLM2's linears on a 2-core AMD EPYC: 3.5-5.8 ms for 1-4 rows, 10.7 ms for 5-8
+    row_block = 4  # rows a pass of the kernel takes
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int):
         self.packed = packed  # torch's opaque CPU int4 packing
