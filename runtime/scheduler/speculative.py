@@ -10,18 +10,23 @@ costs only time: its rows in the forward, and a step off the attention backend's
 engine's own decode steps) and each request's acceptance so far (a geometric model: a draft
 token stands with probability `a` once those before it stood, so the j-th is worth a^j
 tokens; `a` starts from what recent requests' drafts did, `DraftBudget.prior`). How many
-tokens a request drafts (`length`): the k that makes the most tokens a second, (B + a + ...
-+ a^k) tokens in T(B + k) seconds for a step of B requests, against B in T(B) without.
-Which of a step's drafts go (`settle`): the same choice over all of them together,
-likeliest tokens first, also paying for leaving the attention backend's decode path, which a
-step with any draft pays whatever its rows. The cost is fitted per span of rows between the
-places where it jumps: the weights' row limits (a linear that multiplies few rows by the
-GGUF's own int4 blocks and more by packed bfloat16 costs several times more one row past its
-limit) and the stairs of a kernel's row blocks (torch's int4 kernel multiplies 4 rows a pass
-over the weight, so 5 rows cost about what 8 do). So one request on a CPU, where weights
-dominate, drafts whenever anything matches, up to the end of a stair unless the next one
-pays for itself; a large batch drafts only what is likely to stand, and only where it pays
-for leaving the decode path.
+tokens a request drafts (`length`): the k that maximizes what its drafts
+are expected to save, a + ... + a^k sampled tokens at T(B)/B seconds each for a plain step of
+B rows taking T(B), less what k more rows cost. (The k that makes the most tokens a second
+is the right measure for a model that knew each draft's chances; under the geometric one,
+which cannot see that a copied passage's drafts stand or fall whole, it chose drafts too
+short: 0.96x this measure's tokens a second on rewrites, in one process.) Which of a step's
+drafts go (`settle`): the same choice over all of them together, likeliest tokens first,
+also paying for leaving the attention backend's decode path, which a step with any draft
+pays whatever its rows. The cost is fitted per span of rows between the places where it
+jumps: the weights' row limits (a linear that multiplies few rows by the GGUF's own int4
+blocks and more by packed bfloat16 costs several times more one row past its limit) and the
+stairs of a kernel's row blocks (torch's int4 kernel multiplies 4 rows a pass over the
+weight, so 5 rows cost about what 8 do), so drafts that would cross a limit are cut to stay
+under it where that saves more, and a draft that crosses into a stair runs to its end. So
+one request on a CPU, where weights dominate, drafts whenever anything matches, up to the
+rows its fast kernel takes; a large batch drafts only what is likely to stand, and only
+where it pays for leaving the decode path.
 """
 
 from __future__ import annotations
@@ -188,22 +193,18 @@ class DraftBudget:
         """What one sampled token costs now: a plain step's time over its requests."""
         return float(self.cost.seconds(self.batch_size)) / self.batch_size
 
-    def best(self, chances: np.ndarray, rows: int, drafted: bool) -> int:
+    def best(self, chances: np.ndarray, rows: int, drafted: bool, per_token: float) -> int:
         """How many of the draft tokens to verify, likeliest first (chances: each one's
         probability of standing, descending) in a step of `rows` rows without them (`drafted`:
-        whether that step already verifies drafts, so left the decode path): the count that
-        makes the most tokens a second, the step's rows (each a token sampled or a forced one)
-        and the drafts expected to stand over the step's time with their rows (the most such,
-        so where nothing is measured all are tried). Seconds saved per step would be the wrong
-        measure: a step of twice the rows that saves a little more per step makes fewer tokens
-        a second than the shorter one (a stair of the int4 kernel's row blocks)."""
+        whether that step already verifies drafts, so left the decode path): the count whose
+        expected saving (per_token seconds a token), less the rows' and leaving the decode
+        path's cost, is largest (the most such, so where nothing is measured all are tried)."""
+        saved = np.concatenate([[0.0], np.cumsum(chances)]) * per_token
         extra = np.arange(len(chances) + 1)
-        seconds = np.asarray(self.cost.seconds(rows + extra, True), dtype=np.float64)
-        seconds[0] = self.cost.seconds(rows, drafted)
-        if not (seconds > 0).all():
-            return len(chances)  # not measured yet: tried, and so measured
-        rate = (rows + np.concatenate([[0.0], np.cumsum(chances)])) / seconds
-        return len(rate) - 1 - int(np.argmax(rate[::-1]))
+        cost = self.cost.seconds(rows + extra, True) - self.cost.seconds(rows, drafted)
+        cost[0] = 0.0
+        value = saved - cost
+        return len(value) - 1 - int(np.argmax(value[::-1]))
 
     def length(self, req: Req) -> int:
         """The request's draft length, as if it alone drafted in a step that already verifies
@@ -214,10 +215,11 @@ class DraftBudget:
         key = (id(req), req.num_forced_tokens, req.num_drafts_cut)
         if (known := self.lengths.get(key)) is not None:
             return known
-        if self.per_token <= 0:
+        per_token = self.per_token
+        if per_token <= 0:
             return self.max_tokens  # nothing measured yet: tried
         chances = acceptance(req, self.prior) ** np.arange(1, self.max_tokens + 1)
-        self.lengths[key] = found = self.best(chances, self.batch_size, True)
+        self.lengths[key] = found = self.best(chances, self.batch_size, True, per_token)
         return found
 
     def settle(self, reqs: list[Req]) -> None:
@@ -234,7 +236,7 @@ class DraftBudget:
             ((a**j, i) for i, (a, n) in enumerate(each) for j in range(1, n + 1)), reverse=True
         )
         chances = np.array([p for p, _ in tokens])
-        keep = self.best(chances, len(live) + forced, forced > 0)
+        keep = self.best(chances, len(live) + forced, forced > 0, self.per_token)
         kept = Counter(i for _, i in tokens[:keep])
         for i, r in enumerate(drafts):
             r.num_draft_tokens -= len(r.draft) - kept[i]
