@@ -78,6 +78,7 @@ def build_core(
     )
     scheduler = Scheduler(cfg, runner, outputs.matcher_for)
     if budget is not None:
+        budget.waiting = lambda: len(scheduler.waiting)
         outputs.drafts += speculative_sources(budget, scheduler.tree)
     return EngineCore(runner, outputs, scheduler)
 

@@ -265,6 +265,41 @@ def test_drafts_stay_under_a_row_limit_unless_crossing_it_saves_more():
     assert DraftBudget(7, few_rows_cost(measured_past_limit=False)).length(req) == 6
 
 
+def test_with_no_request_waiting_a_batchs_draft_token_saves_only_its_row():
+    """A fixed batch steps as often as its slowest request needs: a token one request gains
+    frees its row in a later step (T(B) - T(B - 1)), not its share of a step, unless a
+    waiting request takes the row; one request's step goes whole."""
+    queue: list[int] = []
+    # 32 requests, a plain step 30 + 0.5 ms a row (46 ms, 1.44 ms a request), a draft step
+    # 20 ms more
+    cost = fitted(0.030, 0.0005, 0.020)
+    budget = DraftBudget(max_tokens=7, cost=cost, batch_size=32, waiting=lambda: len(queue))
+    assert budget.token_value == pytest.approx(0.0005)
+    queue.append(1)
+    assert budget.token_value == pytest.approx(0.046 / 32)
+    assert DraftBudget(7, cost, batch_size=1, waiting=lambda: 0).token_value == pytest.approx(
+        0.0305
+    )
+    # 8 drafts of 4 tokens that all but surely stand (a = 0.999): 32 tokens are worth 46 ms
+    # as shares, more than the draft step's 20 ms and 32 rows' 16 ms; as rows, 16 ms, less
+    plain = [make_req([1, 2]) for _ in range(24)]
+    for waiting in ([1], []):
+        queue[:] = waiting
+        good = [drafted(make_req([1, 2]), 4) for _ in range(8)]
+        for r in good:
+            r.num_forced_tokens = 998
+        budget.settle([*good, *plain])
+        assert all(len(r.draft) == (4 if waiting else 0) for r in good)
+    # where no step of drafts could pay, however sure, none is looked up
+    sure = make_req([1, 2])
+    sure.num_forced_tokens = 998
+    for waiting, length in (([], 0), ([1], 7)):
+        queue[:] = waiting
+        budget.lengths.clear()
+        budget.hopeless = None  # (a step's end clears both)
+        assert budget.length(sure) == length
+
+
 def test_a_draft_that_crosses_into_a_stair_of_the_int4_kernel_runs_to_its_end():
     """SmolLM2's compiled step on the GGUF's int4 blocks (AMD EPYC): 8.7 ms at one row, 11.9
     at 4 (one pass of the kernel over the weights), 23 at 5 to 8 (two). Priced per stair
