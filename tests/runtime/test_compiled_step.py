@@ -171,10 +171,9 @@ def test_a_step_that_does_not_compile_runs_eager_and_says_why(tiny_llama_dir, mo
     assert len(out["output_ids"]) == 3
 
 
-def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_dir):
-    """A linear that changes kernel past N rows (the GGUF's own blocks, weights/few_rows.py)
-    is warmed up at N + 1 rows too, so the other side's compile fails, if it does, at start
-    and never inside a step; the graph then takes steps of at most N rows and says so."""
+def int4_blocks_up_to_two_rows(tiny_llama_dir):
+    """The tiny llama with int4 blocks for steps of at most 2 rows, float32 past them, and a
+    K/V pool for it."""
     from stemma.runtime.executor.memory import KVPool
     from stemma.runtime.models.layers import Linear
     from stemma.runtime.models.loader import load_decoder
@@ -186,7 +185,14 @@ def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_
     linears = [m for m in net.layers.modules() if isinstance(m, Linear)]
     net.apply_plan(plan, {m: Int4Weight.from_weight(m.weight, plan) for m in linears})
     cfg = net.cfg
-    pool = KVPool(16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    return net, KVPool(16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+
+
+def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_dir):
+    """A linear that changes kernel past N rows (the GGUF's own blocks, weights/few_rows.py)
+    is warmed up at N + 1 rows too, so the other side's compile fails, if it does, at start
+    and never inside a step; the graph then takes steps of at most N rows and says so."""
+    net, pool = int4_blocks_up_to_two_rows(tiny_llama_dir)
     assert compiled.CompiledDecode(net, 64).warm_up_rows() == [1, 2, 3]
     assert compiled.CompiledDecode(net, 2).warm_up_rows() == [1, 2]
 
@@ -225,18 +231,7 @@ def test_a_row_limit_of_two_compiles_its_one_row_count_static(tiny_llama_dir, tm
     """int4 blocks for at most 2 rows (a verdict some starts measure): the span from 2 rows
     holds one count, which Dynamo's graph and the drafts package take static (marked
     symbolic, Dynamo refused it, and every step past one row ran eager)."""
-    from stemma.runtime.executor.memory import KVPool
-    from stemma.runtime.models.layers import Linear
-    from stemma.runtime.models.loader import load_decoder
-    from stemma.runtime.models.weights import Int4Weight
-    from stemma.runtime.weight_plan import WeightPlan
-
-    net, _ = load_decoder(tiny_llama_dir, torch.float32, "cpu")
-    plan = WeightPlan(own_form="int4", own_rows=2)
-    linears = [m for m in net.layers.modules() if isinstance(m, Linear)]
-    net.apply_plan(plan, {m: Int4Weight.from_weight(m.weight, plan) for m in linears})
-    cfg = net.cfg
-    pool = KVPool(16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    net, pool = int4_blocks_up_to_two_rows(tiny_llama_dir)
     depth = sys.getrecursionlimit()
     graph = compiled.CompiledDecode.build(net, pool, 4, tmp_path / "inductor", drafts=True)
     assert sys.getrecursionlimit() == depth
