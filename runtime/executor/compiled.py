@@ -217,11 +217,16 @@ class CompiledDecode:
         one_row = decode and fb.batch_size == 1 and dense.capacity >= MIN_CAPACITY
         if one_row and self._single is not None:
             return self.model.project(self._single(inputs(*args, *kv)))
-        package = self._drafts
-        if package is not None and not decode and fb.batch_size == 1:
-            if fb.num_tokens <= package.max_tokens and dense.capacity >= MIN_CAPACITY:
-                hidden = package(inputs(*args, *kv)).index_select(0, fb.logits_idx)
-                return self.model.project(hidden)
+        drafts = self._drafts  # one request's drafts within its package's tokens
+        if (
+            drafts is not None
+            and not decode
+            and fb.batch_size == 1
+            and fb.num_tokens <= drafts.max_tokens
+            and dense.capacity >= MIN_CAPACITY
+        ):
+            hidden = drafts(inputs(*args, *kv)).index_select(0, fb.logits_idx)
+            return self.model.project(hidden)
         hidden = self._step(self.model, *args, *kv)
         if not decode:  # the rows whose logits are asked for (a draft's every token)
             hidden = hidden.index_select(0, fb.logits_idx)
@@ -299,8 +304,11 @@ class CompiledDecode:
                 log.warning("enable_torch_compile: %s", self.note)
                 break
         packaged = 1  # one request's steps of at most this many tokens run a package
-        if self.verifies_one_request and self.aot_dir is not None and self.drafts_span() > 1:
-            span = self.drafts_span()
+        if (
+            self.verifies_one_request
+            and self.aot_dir is not None
+            and (span := self.drafts_span()) > 1
+        ):
             self._drafts = self._build_package(pool, self._example(pool, span, 1), span)
             packaged = span if self._drafts is not None else 1
         for rows in self.warm_up_rows() if self.verifies_one_request else []:

@@ -172,8 +172,10 @@ class DraftBudget:
     cut: float = 0.0
     # How many requests wait to be admitted (the scheduler's; None: assume some do)
     waiting: Callable[[], int] | None = None
-    # whether no draft can pay this step, however likely (worked out once a step)
+    # whether no draft can pay this step, however likely, and token_value, both worked out
+    # once a step (by the step's first request to ask)
     hopeless: bool | None = None
+    value: float = 0.0
 
     def learn(self, stood: bool) -> None:
         """One speculative draft token verified: whether it stood."""
@@ -240,14 +242,14 @@ class DraftBudget:
         if self.per_token <= 0:
             return self.max_tokens  # nothing measured yet: tried
         if self.hopeless is None:  # every request's drafts, each token sure to stand
-            b, n = self.batch_size, self.max_tokens
-            self.hopeless = self.best(np.ones(b * n), b, False, self.token_value) == 0
+            b, n, self.value = self.batch_size, self.max_tokens, self.token_value
+            self.hopeless = self.best(np.ones(b * n), b, False, self.value) == 0
         # (priced as a step without a constraint's forced text, which would leave the decode
         # path anyway: such a step may verify fewer speculative drafts than would pay)
         if self.hopeless:  # settle would drop them all: none is looked up
             return 0
         chances = acceptance(req, self.prior) ** np.arange(1, self.max_tokens + 1)
-        self.lengths[key] = found = self.best(chances, self.batch_size, True, self.token_value)
+        self.lengths[key] = found = self.best(chances, self.batch_size, True, self.value)
         return found
 
     def settle(self, reqs: list[Req]) -> None:
