@@ -39,7 +39,9 @@ def without_required(s: Any) -> Any:
     inside it that apply to the same instance (`allOf`, `anyOf`, `oneOf`, `not`, `if`,
     `then`, `else`): an instance without one fails `s` whatever they say, and llguidance
     keeps the schema's order of an object whose `required` stays in its grammar."""
-    names = frozenset(_strings(s.get("required"))) if isinstance(s, dict) else frozenset()
+    if not isinstance(s, dict) or _SAME_INSTANCE.isdisjoint(s):
+        return s
+    names = frozenset(_strings(s.get("required")))
     return _without_names(s, names, top=True) if names else s
 
 

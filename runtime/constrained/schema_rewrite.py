@@ -64,6 +64,11 @@ _FOLDED_BESIDE = frozenset(
     "not oneOf if dependencies dependentRequired dependentSchemas uniqueItems propertyNames "
     "minProperties maxProperties allOf".split()
 )
+# Every keyword that `own` (or what it calls) reads: a subschema with none of them is kept as it
+# is, without the walk through each rewrite (most of a large schema's subschemas).
+_REWRITTEN = _FOLDED_BESIDE | frozenset(
+    "format then else $ref anyOf patternProperties".split()
+)
 
 
 def rewrite_schema(schema: Any, known_format: Any) -> tuple[Any, list[str]]:
@@ -117,6 +122,8 @@ class _Rewriter(SchemaLogic):
         return without_required(self.own(out, path))
 
     def own(self, s: dict[str, Any], path: str) -> dict[str, Any]:
+        if _REWRITTEN.isdisjoint(s):
+            return s
         if _FOLDED_BESIDE & set(s) and (folded := self.fold(s, path)) is not None:
             return folded
         extra: list[Any] = []
