@@ -139,6 +139,14 @@ def _make(system: str, timeout_s: float) -> tuple[Any, Any]:
     return ev, lambda text: hf.encode(text, add_special_tokens=False)
 
 
+def _version(package: str) -> str | None:
+    """The installed version, or None (xgrammar comes with the bench extra only)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _worker(system: str, timeout_s: float, conn: Any) -> None:
     ev, tokenize = _make(system, timeout_s)
     conn.send("ready")
@@ -273,9 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     columns += ["invalid_accepted", "compile_p50_ms", "compile_p90_ms", "compile_max_ms"]
     print_table([r for r in summary if r["group"] in ("total", "common")], columns)
     if not args.no_record:
-        versions = {
-            p: importlib.metadata.version(p) for p in ("llguidance", "xgrammar", "outlines_core")
-        }
+        versions = {p: _version(p) for p in ("llguidance", "xgrammar", "outlines_core")}
         extra = {"data": args.data.name, "num_schemas": len(rows), "versions": versions}
         extra |= {"compile_timeout_s": args.compile_timeout_s}
         path = append_results("schema_coverage", summary, **extra)

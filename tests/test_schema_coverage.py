@@ -3,6 +3,7 @@ wrong schemas, compile percentiles)."""
 
 from __future__ import annotations
 
+from stemma.bench import schema_coverage
 from stemma.bench.schema_coverage import compact, reason_of, summaries, summarize
 
 
@@ -56,3 +57,9 @@ def test_common_rows_take_the_schemas_every_system_compiled() -> None:
     assert rows["a", "total"]["compile_max_ms"] == 50.0 and rows["a", "total"]["schemas"] == 3
     assert rows["a", "common"]["schemas"] == 2 and rows["a", "common"]["compile_max_ms"] == 2.0
     assert rows["b", "common"]["schemas"] == 2 and rows["b", "common"]["compile_max_ms"] == 2.5
+
+
+def test_a_reference_not_installed_is_recorded_as_none() -> None:
+    # xgrammar comes with the bench extra only; a run without it still records its rows
+    assert schema_coverage._version("llguidance")
+    assert schema_coverage._version("no-such-package-stemma-test") is None
