@@ -66,9 +66,7 @@ _FOLDED_BESIDE = frozenset(
 )
 # Every keyword that `own` (or what it calls) reads: a subschema with none of them is kept as it
 # is, without the walk through each rewrite (most of a large schema's subschemas).
-_REWRITTEN = _FOLDED_BESIDE | frozenset(
-    "format then else $ref anyOf patternProperties".split()
-)
+_REWRITTEN = _FOLDED_BESIDE | frozenset("format then else $ref anyOf patternProperties".split())
 
 
 def rewrite_schema(schema: Any, known_format: Any) -> tuple[Any, list[str]]:
