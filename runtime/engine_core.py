@@ -120,10 +120,12 @@ def with_own_blocks(
     # the key: what each verdict was measured for (the plan's forms, the shape, the dtype)
     key = (plan.linear_form, plan.vocab_form, mc.hidden_size, str(torch_dtype))
     if has_gguf_int4_blocks(loaded.ckpt_dir):
+        q_size, kv_size = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+        shapes = few_rows.layer_shapes(mc.hidden_size, mc.intermediate_size, q_size, kv_size)
         rows = kept.value(
             "own_int4_rows",
-            (*key, mc.intermediate_size),
-            lambda: few_rows.own_int4_rows(plan, mc.hidden_size, mc.intermediate_size, torch_dtype),
+            (*key, shapes),
+            lambda: few_rows.own_int4_rows(plan, shapes, torch_dtype),
         )
         plan = plan.with_own_blocks("int4", rows, "the GGUF")
     if gguf_vocab_type(loaded.ckpt_dir) == "Q8_0":

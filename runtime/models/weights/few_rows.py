@@ -81,18 +81,38 @@ def crossover_rows(few_time: Callable[[int], float], many_time: Callable[[int], 
     return dtype_policy.crossover_rows(few_time, many_time, MAX_OWN_ROWS, WIN_MARGIN)
 
 
+def layer_shapes(hidden: int, inter: int, q_size: int, kv_size: int) -> tuple[tuple[int, int], ...]:
+    """The [out, in] shapes of one decoder layer's linears as the model holds them: q, k and
+    v merged, the output projection, gate and up merged, down."""
+    return ((q_size + 2 * kv_size, hidden), (hidden, q_size), (2 * inter, hidden), (hidden, inter))
+
+
 @functools.cache  # a property of this machine, shape and plan: measured once per process
 def own_int4_rows(
-    plan: WeightPlan, hidden: int, inter: int, dtype: torch.dtype, weight_bytes: int = 64 << 20
+    plan: WeightPlan,
+    shapes: tuple[tuple[int, int], ...],
+    dtype: torch.dtype,
+    weight_bytes: int = 64 << 20,
 ) -> int:
-    """crossover_rows of int4 blocks against the plan's linear form in `dtype`, over 64 MB
-    of random weights (dtype_policy.streaming_weights). On a 2-core Xeon with AMX, against
-    oneDNN-packed bfloat16: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against
-    1.88 / 1.84 / 1.82 / 1.89 ms, so 4."""
-    weights = dtype_policy.streaming_weights(hidden, inter, weight_bytes)
+    """crossover_rows of int4 blocks against the plan's linear form in `dtype`, over random
+    weights of a layer's linear shapes (`shapes`, layer_shapes), as many layers as make
+    `weight_bytes` in float32 (at least one), so that a timed pass streams them from memory
+    as a model's step does. The shapes matter as much as the bytes: on a 2-core AMD EPYC
+    (AVX512-BF16) at 8 rows the blocks took 0.94x packed bfloat16's time over [inter, hidden]
+    matrices alone (a tie under WIN_MARGIN: 4 rows), 0.77-0.81x over SmolLM2-135M's four
+    shapes, and a decode batch of 8 ran 1.36x faster with the blocks up to 8 rows than up to
+    4 (bench/config_ab.py). On a 2-core Xeon with AMX, over [inter, hidden] matrices: 0.78 /
+    0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against 1.88 / 1.84 / 1.82 / 1.89 ms."""
+    layer_bytes = 4 * sum(n * k for n, k in shapes)
+    weights = [
+        torch.empty(shape).uniform_(-0.05, 0.05)
+        for _ in range(max(1, weight_bytes // layer_bytes))
+        for shape in shapes
+    ]
     own = [Int4Weight.from_weight(w, plan) for w in weights]
     many = [build_form(plan.linear_form, w.to(dtype), plan) for w in weights]
-    return crossover_rows(_timer(own, hidden, dtype), _timer(many, hidden, dtype))
+    widths = [w.shape[1] for w in weights]
+    return crossover_rows(_timer(own, widths, dtype), _timer(many, widths, dtype))
 
 
 @functools.cache
@@ -103,12 +123,16 @@ def own_int8_vocab_rows(plan: WeightPlan, hidden: int, vocab: int, dtype: torch.
     weight = torch.randn(vocab, hidden) * 0.02
     own = [Int8Weight.from_weight(weight, plan, spec)]
     many = [build_form(plan.vocab_form, weight.to(dtype), plan, spec)]
-    return crossover_rows(_timer(own, hidden, dtype), _timer(many, hidden, dtype))
+    return crossover_rows(_timer(own, [hidden], dtype), _timer(many, [hidden], dtype))
 
 
-def _timer(forms: list[WeightForm], hidden: int, dtype: torch.dtype) -> Callable[[int], float]:
+def _timer(
+    forms: list[WeightForm], widths: list[int], dtype: torch.dtype
+) -> Callable[[int], float]:
+    """Seconds for `rows` rows through every form, each given an input of its width."""
+
     def time_rows(rows: int) -> float:
-        x = torch.randn(rows, hidden, dtype=dtype)
-        return dtype_policy.best_time(lambda: [f.matmul(x) for f in forms])
+        inputs = [torch.randn(rows, width, dtype=dtype) for width in widths]
+        return dtype_policy.best_time(lambda: [f.matmul(x) for f, x in zip(forms, inputs)])
 
     return time_rows
