@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,22 @@ def start_up(model: str, candidate: dict[str, Any], config: dict[str, Any]) -> d
     return {"compile_warm_s": float(warm.stdout.strip().splitlines()[-1])}
 
 
+def share_verdicts(baseline_info: dict[str, Any], cache: Path) -> Path | None:
+    """Copy the baseline's kept speed verdicts (runtime/measured.py) into the candidate's
+    fresh cache, so that both engines hold their weights alike and the A/B measures the
+    option alone: a verdict measured again at the candidate's start can fall the other way
+    near a tie, or beside the baseline's process (the int4 blocks' row limit measured 8 rows
+    at the baseline's start and 4 at the candidate's, which then ran batch 8 at 0.64x). The
+    copy's path, or None where the baseline keeps none."""
+    kept = (baseline_info.get("weight_measurements") or {}).get("path")
+    if kept is None or not Path(kept).is_file():
+        return None
+    target = cache / "measured" / Path(kept).name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(kept, target)
+    return target
+
+
 def round_prompts(kind: str, batch: int, r: int, engine: EngineProcess, rng: random.Random) -> dict:
     """One round's prompts: random 32-token ones, or chat requests to repeat a paragraph."""
     if kind == "random":
@@ -98,8 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     config |= json.loads(args.baseline)
     if (config | candidate).get("enable_torch_compile"):
         candidate = {"cache_dir": str(cache), **candidate}
-    engines = {  # a process each (EngineProcess says why)
-        "baseline": EngineProcess(args.model, **config),
+    baseline = EngineProcess(args.model, **config)  # a process each (EngineProcess says why)
+    if candidate.get("cache_dir") == str(cache):
+        share_verdicts(baseline.call("get_model_info"), cache)
+    engines = {
+        "baseline": baseline,
         "candidate": EngineProcess(args.model, **(config | candidate)),  # its options win
     }
     info = engines["candidate"].call("get_model_info")
