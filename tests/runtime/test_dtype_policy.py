@@ -238,7 +238,7 @@ def test_the_own_blocks_measurement_runs_on_tiny_sizes(real_speed_measurements, 
         "from_weight",
         staticmethod(lambda w, *rest: built.append(tuple(w.shape)) or build(w, *rest)),
     )
-    layer_bytes = 4 * sum(n * k for n, k in shapes)  # float32
+    layer_bytes = 4 * sum(n * k for n, k in shapes)  # in float32, the dtype here
     rows = few_rows.own_int4_rows(WeightPlan(), shapes, torch.float32, weight_bytes=3 * layer_bytes)
     assert rows in (0, 1, 2, 4, 8)
     assert built == list(shapes) * 3

@@ -92,26 +92,30 @@ def own_int4_rows(
     plan: WeightPlan,
     shapes: tuple[tuple[int, int], ...],
     dtype: torch.dtype,
-    weight_bytes: int = 64 << 20,
+    weight_bytes: int = 128 << 20,
 ) -> int:
     """crossover_rows of int4 blocks against the plan's linear form in `dtype`, over random
     weights of a layer's linear shapes (`shapes`, layer_shapes), as many layers as make
-    `weight_bytes` in float32 (at least one), so that a timed pass streams them from memory
-    as a model's step does. The shapes matter as much as the bytes: on a 2-core AMD EPYC
-    (AVX512-BF16) at 8 rows the blocks took 0.94x packed bfloat16's time over [inter, hidden]
-    matrices alone (a tie under WIN_MARGIN: 4 rows), 0.77-0.81x over SmolLM2-135M's four
-    shapes, and a decode batch of 8 ran 1.36x faster with the blocks up to 8 rows than up to
-    4 (bench/config_ab.py). On a 2-core Xeon with AMX, over [inter, hidden] matrices: 0.78 /
-    0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against 1.88 / 1.84 / 1.82 / 1.89 ms."""
-    layer_bytes = 4 * sum(n * k for n, k in shapes)
-    weights = [
-        torch.empty(shape).uniform_(-0.05, 0.05)
-        for _ in range(max(1, weight_bytes // layer_bytes))
-        for shape in shapes
-    ]
-    own = [Int4Weight.from_weight(w, plan) for w in weights]
-    many = [build_form(plan.linear_form, w.to(dtype), plan) for w in weights]
-    widths = [w.shape[1] for w in weights]
+    `weight_bytes` in `dtype` (at least one), so that every timed pass streams them from
+    memory as a model's step does. Both matter, on a 2-core AMD EPYC (AVX512-BF16, a 32 MB
+    L3) at 8 rows: over [inter, hidden] matrices alone the blocks took 0.94x packed
+    bfloat16's time (a tie under WIN_MARGIN: 4 rows), over SmolLM2-135M's four shapes
+    0.77-0.81x, and a decode batch of 8 ran 1.36x faster with the blocks up to 8 rows than
+    up to 4 (bench/config_ab.py); but over 32 MB of bfloat16 the timed passes, run back to
+    back, partly hit the cache, and 12 measurements ranged 0.79-0.99x, over 128 MB 0.77-0.88x
+    (8 rows in 5 of 8 measurements with the best of 3 passes, in 10 of 10 with the best of
+    5, and 6 of 6 beside a busy core; about a second). On a 2-core Xeon with AMX, over [inter, hidden]
+    matrices: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against 1.88 / 1.84 / 1.82
+    / 1.89 ms."""
+    layer_bytes = dtype.itemsize * sum(n * k for n, k in shapes)
+    own: list[WeightForm] = []
+    many: list[WeightForm] = []
+    for _ in range(max(1, weight_bytes // layer_bytes)):
+        for shape in shapes:  # one float32 matrix at a time: the forms are what is held
+            w = torch.empty(shape).uniform_(-0.05, 0.05)
+            own.append(Int4Weight.from_weight(w, plan))
+            many.append(build_form(plan.linear_form, w.to(dtype), plan))
+    widths = [k for _ in range(len(own) // len(shapes)) for _, k in shapes]
     return crossover_rows(_timer(own, widths, dtype), _timer(many, widths, dtype))
 
 
@@ -133,6 +137,6 @@ def _timer(
 
     def time_rows(rows: int) -> float:
         inputs = [torch.randn(rows, width, dtype=dtype) for width in widths]
-        return dtype_policy.best_time(lambda: [f.matmul(x) for f, x in zip(forms, inputs)])
+        return dtype_policy.best_time(lambda: [f.matmul(x) for f, x in zip(forms, inputs)], 5)
 
     return time_rows
