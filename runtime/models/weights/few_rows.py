@@ -104,9 +104,9 @@ def own_int4_rows(
     up to 4 (bench/config_ab.py); but over 32 MB of bfloat16 the timed passes, run back to
     back, partly hit the cache, and 12 measurements ranged 0.79-0.99x, over 128 MB 0.77-0.88x
     (8 rows in 5 of 8 measurements with the best of 3 passes, in 10 of 10 with the best of
-    5, and 6 of 6 beside a busy core; about a second). On a 2-core Xeon with AMX, over [inter, hidden]
-    matrices: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against 1.88 / 1.84 / 1.82
-    / 1.89 ms."""
+    5, and 6 of 6 beside a busy core; about a second). On a 2-core Xeon with AMX, over
+    [inter, hidden] matrices: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against
+    1.88 / 1.84 / 1.82 / 1.89 ms."""
     layer_bytes = dtype.itemsize * sum(n * k for n, k in shapes)
     own: list[WeightForm] = []
     many: list[WeightForm] = []
