@@ -110,12 +110,11 @@ def own_int4_rows(
     layer_bytes = dtype.itemsize * sum(n * k for n, k in shapes)
     own: list[WeightForm] = []
     many: list[WeightForm] = []
-    for _ in range(max(1, weight_bytes // layer_bytes)):
-        for shape in shapes:  # one float32 matrix at a time: the forms are what is held
-            w = torch.empty(shape).uniform_(-0.05, 0.05)
-            own.append(Int4Weight.from_weight(w, plan))
-            many.append(build_form(plan.linear_form, w.to(dtype), plan))
-    widths = [k for _ in range(len(own) // len(shapes)) for _, k in shapes]
+    widths = [k for _, k in shapes] * max(1, weight_bytes // layer_bytes)
+    for shape in shapes * (len(widths) // len(shapes)):
+        w = torch.empty(shape).uniform_(-0.05, 0.05)  # one at a time: the forms are held
+        own.append(Int4Weight.from_weight(w, plan))
+        many.append(build_form(plan.linear_form, w.to(dtype), plan))
     return crossover_rows(_timer(own, widths, dtype), _timer(many, widths, dtype))
 
 
