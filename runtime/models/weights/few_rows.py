@@ -101,12 +101,14 @@ def own_int4_rows(
     L3) at 8 rows: over [inter, hidden] matrices alone the blocks took 0.94x packed
     bfloat16's time (a tie under WIN_MARGIN: 4 rows), over SmolLM2-135M's four shapes
     0.77-0.81x, and a decode batch of 8 ran 1.36x faster with the blocks up to 8 rows than
-    up to 4 (bench/config_ab.py); but over 32 MB of bfloat16 the timed passes, run back to
-    back, partly hit the cache, and 12 measurements ranged 0.79-0.99x, over 128 MB 0.77-0.88x
-    (8 rows in 5 of 8 measurements with the best of 3 passes, in 10 of 10 with the best of
-    5, and 6 of 6 beside a busy core; about a second). On a 2-core Xeon with AMX, over
-    [inter, hidden] matrices: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4 / 8 rows against
-    1.88 / 1.84 / 1.82 / 1.89 ms."""
+    up to 4 (bench/config_ab.py). Over 32 MB of bfloat16 (its passes, run back to back, can
+    partly hit the cache) with the best of 3 passes, 8 of 18 measurements were under the
+    margin (median 0.92x); over 128 MB with the best of 5, interleaved with them in the same
+    six processes, 17 of 18 (median 0.84x; about a second). 8 rows stays near the margin
+    here (one series of 20 in one process read 0.90-1.00x), so which limit a start measures
+    can still differ; the kept verdict (measured.py) keeps later starts alike. On a 2-core
+    Xeon with AMX, over [inter, hidden] matrices: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4
+    / 8 rows against 1.88 / 1.84 / 1.82 / 1.89 ms."""
     layer_bytes = dtype.itemsize * sum(n * k for n, k in shapes)
     own: list[WeightForm] = []
     many: list[WeightForm] = []
