@@ -31,6 +31,8 @@ where it pays for leaving the decode path.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,7 +58,10 @@ class SpanCost:
     ones: T = base + per_row * rows + per_draft_step * [the step verifies drafts]. The last
     term is what leaving the attention backend's one-row decode path costs, whatever the rows.
     A term whose feature has not varied yet keeps its last value (zero at first: drafting is
-    tried, and so measured)."""
+    tried, and so measured). No term is negative: the fit is least squares under that bound,
+    where clamping a negative term of the unbounded solve would leave the others fitted
+    beside it (a span of 5-8 rows priced a plain step at 0.2 s, against 22 ms
+    measured, so every draft looked as if it saved time)."""
 
     def __init__(self, window: int = COST_WINDOW) -> None:
         # The last `window` steps' (1, rows, drafted, seconds), oldest overwritten first, and
@@ -83,19 +88,38 @@ class SpanCost:
                 [sum(r[a] * r[b] for r in self._ring) for b in range(4)] for a in range(4)
             ]
         n = m[0][0]  # a feature varied where its variance is above zero (exact: integers)
-        varied = [j for j in (1, 2) if n * m[j][j] - m[0][j] ** 2 > 0]
-        known = {1: self.per_row, 2: self.per_draft_step}
-        fixed = [j for j in (1, 2) if j not in varied]
-        cols = [0, *varied]
-        lhs = [[m[a][b] for b in cols] for a in cols]
-        rhs = [m[a][3] - sum(known[f] * m[a][f] for f in fixed) for a in cols]
-        coef = _solve(lhs, rhs)
-        for j, c in zip(varied, coef[1:]):
-            if j == 1:
-                self.per_row = max(float(c), 0.0)
-            else:
-                self.per_draft_step = max(float(c), 0.0)
-        self.base = max(float(coef[0]), 0.0)
+        varied = [0, *(j for j in (1, 2) if n * m[j][j] - m[0][j] ** 2 > 0)]
+        kept = (0.0, self.per_row, self.per_draft_step)  # where a feature has not varied
+        self.base, self.per_row, self.per_draft_step = _fit_non_negative(m, varied, kept)
+
+
+def _fit_non_negative(
+    m: list[list[float]], varied: list[int], kept: tuple[float, ...]
+) -> tuple[float, ...]:
+    """(base, per_row, per_draft_step): least squares from the moments `m` of (1, rows,
+    drafted, seconds) with no term negative, exactly: the unbounded solve over the `varied`
+    terms where none comes out negative, else the best of the solves with each smaller
+    subset of them free and the rest held at zero (at most 7 more, each at most 3x3). A term
+    not varied keeps its value in `kept`."""
+    best, least = kept, math.inf
+    for size in range(len(varied), -1, -1):
+        for free in itertools.combinations(varied, size):
+            beta = [0.0 if j in varied else kept[j] for j in range(3)]
+            fixed = [f for f in range(3) if f not in free]
+            lhs = [[m[a][b] for b in free] for a in free]
+            rhs = [m[a][3] - sum(beta[f] * m[a][f] for f in fixed) for a in free]
+            coef = _solve(lhs, rhs) if free else []
+            if any(c < 0 for c in coef):
+                continue
+            for j, c in zip(free, coef):
+                beta[j] = float(c)
+            if size == len(varied):  # the unbounded optimum is within the bounds
+                return tuple(beta)
+            sse = m[3][3] - 2 * sum(beta[a] * m[a][3] for a in range(3))
+            sse += sum(beta[a] * beta[b] * m[a][b] for a in range(3) for b in range(3))
+            if sse < least:
+                best, least = tuple(beta), sse
+    return best
 
 
 def _solve(lhs: list[list[float]], rhs: list[float]) -> list[float]:
@@ -188,11 +212,12 @@ class DraftBudget:
         each."""
         return (self.stood + 1) / (self.stood + self.cut + 2)
 
-    def observe(self, batch: ScheduledBatch, seconds: float) -> None:
-        """One step's wall time; decode steps (drafts verified or not) enter the fit."""
+    def observe(self, batch: ScheduledBatch, seconds: float, measured: bool = True) -> None:
+        """One step's wall time; decode steps (drafts verified or not) enter the fit, but a
+        step whose time is no measure of the next ones' (`measured` False: it compiled)."""
         self.lengths.clear()
         self.hopeless = None
-        if batch.reqs and not any(batch.is_prefill):
+        if batch.reqs and not any(batch.is_prefill) and measured:
             self.batch_size = len(batch.reqs)
             self.cost.record(sum(batch.num_new), any(n > 1 for n in batch.num_new), seconds)
 

@@ -489,3 +489,68 @@ def test_the_cost_fit_equals_least_squares_over_the_window():
     last = np.array(steps[-64:])
     want = np.linalg.lstsq(last[:, :3], last[:, 3], rcond=None)[0]
     assert (span.base, span.per_row, span.per_draft_step) == pytest.approx(want, rel=1e-9)
+
+
+def test_the_cost_fit_is_least_squares_with_no_term_negative():
+    """Where the unbounded least squares would make a term negative (a draft step measured
+    cheaper than a plain one of its rows, in noise; rows that barely vary), the fit is the
+    bounded optimum: every term >= 0, and the KKT conditions hold (a term above zero has no
+    slope in the squared error; one held at zero, a slope that only raises it)."""
+    rng = np.random.default_rng(1)
+    negative_seen = 0
+    for trial in range(200):
+        span = StepCost(window=32).spans[0]
+        rows = rng.integers(5, 9, size=32)
+        drafted = rng.integers(0, 2, size=32).astype(bool)
+        # a random true cost, some terms negative, in noise
+        truth = rng.normal(0.0, 0.01, size=3) + np.array([0.02, 0.0, 0.0])
+        seconds = truth[0] + truth[1] * rows + truth[2] * drafted + rng.normal(0, 0.002, 32)
+        for r, d, s in zip(rows, drafted, seconds):
+            span.record(int(r), bool(d), float(s))
+        x = np.stack([np.ones(32), rows, drafted.astype(float)], axis=1)
+        unbounded = np.linalg.lstsq(x, seconds, rcond=None)[0]
+        negative_seen += bool((unbounded < 0).any())
+        beta = np.array([span.base, span.per_row, span.per_draft_step])
+        assert (beta >= 0).all()
+        slope = x.T @ (x @ beta - seconds)  # the squared error's gradient / 2
+        scale = np.abs(x.T @ seconds).max()
+        for j in range(3):
+            if beta[j] > 1e-12:
+                assert abs(slope[j]) <= 1e-7 * scale, (trial, j, beta, slope)
+            else:
+                assert slope[j] >= -1e-7 * scale, (trial, j, beta, slope)
+        if (unbounded >= 0).all():
+            assert beta == pytest.approx(unbounded, rel=1e-9, abs=1e-12)
+    assert negative_seen > 50  # the bound mattered in many trials
+
+
+def test_a_plain_step_is_priced_near_what_plain_steps_took():
+    """A span of 5-8 rows where nearly every step had 8 rows, and the few of 5 rows came at a
+    busy moment (slower): the unbounded fit has a negative cost a row, and clamping it alone
+    priced an 8-row step at its base, three times what 8-row steps took (every draft then
+    looked as if it saved time). The bounded fit prices it near what they took."""
+    cost = StepCost(window=256)
+    for i in range(40):
+        cost.record(8, False, 0.022 + 0.0004 * (i % 3))
+    for _ in range(3):
+        cost.record(5, False, 0.040)
+    (span,) = cost.spans
+    assert min(span.base, span.per_row, span.per_draft_step) >= 0
+    assert cost.seconds(8, False) == pytest.approx(0.0236, rel=0.05)
+
+
+def test_a_step_that_compiled_is_no_measure_of_step_cost():
+    """A step during which Dynamo compiled a graph (the first batch of a new size: seconds)
+    does not enter the fit; the count is Dynamo's own."""
+    from stemma.runtime.engine_core import graphs_compiled
+    from stemma.runtime.scheduler.batch import ScheduledBatch
+
+    budget = DraftBudget(max_tokens=7, cost=StepCost())
+    batch = ScheduledBatch(reqs=[make_req([1, 2])], is_prefill=[False], num_new=[1])
+    budget.observe(batch, 0.020)
+    budget.observe(batch, 11.0, measured=False)
+    (span,) = budget.cost.spans
+    assert span.num_samples == 1 and span.base == pytest.approx(0.020)
+    before = graphs_compiled()
+    torch.compile(lambda t: t * 2 + 1, backend="eager")(torch.ones(3))
+    assert graphs_compiled() > before
