@@ -112,8 +112,9 @@ def own_int4_rows(
     layer_bytes = dtype.itemsize * sum(n * k for n, k in shapes)
     own: list[WeightForm] = []
     many: list[WeightForm] = []
-    widths = [k for _, k in shapes] * max(1, weight_bytes // layer_bytes)
-    for shape in shapes * (len(widths) // len(shapes)):
+    copies = max(1, weight_bytes // layer_bytes)
+    widths = [k for _, k in shapes] * copies
+    for shape in shapes * copies:
         w = torch.empty(shape).uniform_(-0.05, 0.05)  # one at a time: the forms are held
         own.append(Int4Weight.from_weight(w, plan))
         many.append(build_form(plan.linear_form, w.to(dtype), plan))
