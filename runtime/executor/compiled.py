@@ -23,12 +23,14 @@ guards, no Python between its kernels), and so do one request's drafts, up to th
 limit past one where a linear changes kernel (a second package, the token count symbolic);
 Dynamo's graph takes the steps of more requests, the row count symbolic from two rows on,
 and one request's longer drafts in a specialization of its own (Dynamo fixes a size of
-one). `warm_up` builds them all at start, and compiles one row past
-each limit where a linear changes form (weights/few_rows.py). Where the one-row package
-cannot be built, Dynamo's graph takes one row too, specialized. oneDNN-packed bfloat16, an
-opaque tensor Dynamo cannot trace, is multiplied through ops that name each weight by number
-(weights/dense.py), so larger steps compile too; a form Inductor cannot trace
-(WeightForm.compiles) caps the rows the graph takes below the rows it multiplies, and so
+one). `warm_up` builds them all at start: each span of row counts between the limits
+where a linear changes form (weights/few_rows.py) is compiled at its last count, then at
+its first, so that a graph Inductor's cache holds for a narrower span (from a start whose
+limits differed) cannot leave the span's other counts to a compile inside a step. Where
+the one-row package cannot be built, Dynamo's graph takes one row too, specialized.
+oneDNN-packed bfloat16, an opaque tensor Dynamo cannot trace, is multiplied through ops
+that name each weight by number (weights/dense.py), so larger steps compile too; a form
+Inductor cannot trace (WeightForm.compiles) caps the rows the graph takes below the rows it multiplies, and so
 does a size that fails to compile. One request's drafts attend by two batched matmuls over
 its row of the copy (draft_attention), which read it once for all the draft's tokens.
 Inductor caches the compiled code on disk (`cache_dir`; the package beside it, in `aot/`),
@@ -269,10 +271,24 @@ class CompiledDecode:
         )
         return compiled
 
+    def row_spans(self) -> list[tuple[int, int]]:
+        """The row counts from two to max_rows that one graph takes, (first, last) each: a
+        span ends at each row limit of a form (where a linear changes kernel)."""
+        firsts = [2, *(n + 1 for n in form_row_limits(self.model.layers))]
+        firsts = [n for n in firsts if n <= self.max_rows]
+        lasts = [n - 1 for n in firsts[1:]] + [self.max_rows]
+        return list(zip(firsts, lasts))
+
     def warm_up_rows(self) -> list[int]:
-        """One row, two (the symbolic row count) and one past each row limit of a form."""
-        past = {n + 1 for n in form_row_limits(self.model.layers)}
-        return sorted(n for n in {1, 2} | past if n <= self.max_rows)
+        """One row, then each span's last row count where a form's limit ends it, then its
+        first: a graph traced at the last count is guarded for the whole span, so a cached
+        graph of a narrower span (Inductor's cache from a start whose limits differed) is not
+        taken for it, to leave its other counts to a compile inside a step."""
+        rows = [1] if self.max_rows >= 1 else []
+        limits = set(form_row_limits(self.model.layers))
+        for first, last in self.row_spans():
+            rows += [last, first] if last > first and last in limits else [first]
+        return rows
 
     def warm_up(self, pool: KVPool) -> None:
         """Run the graph at each of warm_up_rows, so every compile happens now and none
@@ -282,7 +298,7 @@ class CompiledDecode:
         drafts_span tokens), and the row counts past it again over one request's copy (its
         longer drafts' steps: Dynamo specializes a size of one). It writes K/V into the pool's
         first slots after the padding slot, which no request holds yet. A row count that fails
-        to compile (a form Inductor cannot lower) caps max_rows below it; at one row it raises
+        to compile (a form Inductor cannot lower) caps max_rows below its span; at one row it raises
         (the engine then runs eager and says why); over one request, it leaves one request's
         longer drafts to eager steps."""
         for rows in self.warm_up_rows():
@@ -293,10 +309,10 @@ class CompiledDecode:
                     continue
             try:
                 self._compile(example, rows, rows)
-            except Exception as e:  # noqa: BLE001 - the rows before it stay compiled
+            except Exception as e:  # noqa: BLE001 - the spans before it stay compiled
                 if rows == 1:
                     raise
-                self.max_rows = rows - 1
+                self.max_rows = self._first_of_span(rows) - 1
                 self.note = (
                     f"decode steps of <= {self.max_rows} rows compiled; larger ones run "
                     f"eager ({type(e).__name__} at {rows} rows: {first_line(e)})"
@@ -346,14 +362,14 @@ class CompiledDecode:
 
     def _compile(self, example: tuple, tokens: int, requests: int) -> None:
         """Run Dynamo's graph once over `example`: the capacity symbolic, and from two on,
-        the tokens and the requests, except where `tokens` is a row limit itself (a span of
-        one row count, from 2 to a limit of 2: a linear's kernel choice fixes it, and Dynamo
-        refuses a size marked symbolic that a guard fixes)."""
+        the tokens and the requests, except in a span of one row count (from 2 to a limit of
+        2: a linear's kernel choice fixes it, and Dynamo refuses a size marked symbolic that a
+        guard fixes)."""
         ids, positions, rows, loc, flat, _, _, dense_k, dense_v = example
         for t in (*dense_k, *dense_v):
             torch._dynamo.mark_dynamic(t, 1)
-        if tokens in form_row_limits(self.model.layers):
-            tokens = requests = 1  # nothing symbolic but the capacity
+        if tokens in form_row_limits(self.model.layers) and self._first_of_span(tokens) == tokens:
+            tokens = requests = 1  # a span of one count: nothing symbolic but the capacity
         if tokens > 1:  # symbolic from the first size Dynamo compiles past one
             for t in (ids, positions, rows, loc, flat):
                 torch._dynamo.mark_dynamic(t, 0)
@@ -362,6 +378,10 @@ class CompiledDecode:
                 torch._dynamo.mark_dynamic(t, 0)
         with torch.inference_mode():
             self._step(self.model, *example)
+
+    def _first_of_span(self, rows: int) -> int:
+        """The first row count of the span that holds `rows` (1 for one row)."""
+        return max([1, *(first for first, _ in self.row_spans() if first <= rows)])
 
     def drafts_span(self) -> int:
         """The most tokens one request's drafts package takes: up to the first row limit past

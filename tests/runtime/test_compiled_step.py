@@ -15,6 +15,7 @@ import pytest
 import torch
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
+from stemma.runtime.engine_core import graphs_compiled
 from stemma.runtime.executor import compiled
 from stemma.runtime.scheduler.speculative import StepCost
 from torch._dynamo.utils import counters
@@ -171,9 +172,9 @@ def test_a_step_that_does_not_compile_runs_eager_and_says_why(tiny_llama_dir, mo
     assert len(out["output_ids"]) == 3
 
 
-def int4_blocks_up_to_two_rows(tiny_llama_dir):
-    """The tiny llama with int4 blocks for steps of at most 2 rows, float32 past them, and a
-    K/V pool for it."""
+def int4_blocks_up_to_two_rows(tiny_llama_dir, rows: int = 2):
+    """The tiny llama with int4 blocks for steps of at most `rows` rows, float32 past them,
+    and a K/V pool for it."""
     from stemma.runtime.executor.memory import KVPool
     from stemma.runtime.models.layers import Linear
     from stemma.runtime.models.loader import load_decoder
@@ -181,7 +182,7 @@ def int4_blocks_up_to_two_rows(tiny_llama_dir):
     from stemma.runtime.weight_plan import WeightPlan
 
     net, _ = load_decoder(tiny_llama_dir, torch.float32, "cpu")
-    plan = WeightPlan(own_form="int4", own_rows=2)
+    plan = WeightPlan(own_form="int4", own_rows=rows)
     linears = [m for m in net.layers.modules() if isinstance(m, Linear)]
     net.apply_plan(plan, {m: Int4Weight.from_weight(m.weight, plan) for m in linears})
     cfg = net.cfg
@@ -227,6 +228,24 @@ def test_warm_up_reaches_past_each_row_limit_and_caps_the_rows_there(tiny_llama_
     assert drafts.note.startswith("one request's drafts are verified eager (RuntimeError at 2")
 
 
+def test_a_cached_graph_of_a_narrower_span_leaves_no_compile_to_a_step(tiny_llama_dir, tmp_path):
+    """Inductor's cache from a start whose int4 limit was 4 rows holds a graph guarded for 2
+    to 4 rows. A start whose limit is 8 warms each span up at its last count first, so that
+    graph is not taken for 2 to 8, and a step of 6 requests compiles nothing (it compiled
+    inside the step when the warm-up traced 2 rows first: seconds, on the real model)."""
+    cache = tmp_path / "inductor"
+    net, pool = int4_blocks_up_to_two_rows(tiny_llama_dir, rows=4)
+    compiled.CompiledDecode.build(net, pool, 5, cache, aot=False)
+    net, pool = int4_blocks_up_to_two_rows(tiny_llama_dir, rows=8)
+    graph = compiled.CompiledDecode.build(net, pool, 9, cache, aot=False)
+    assert graph.row_spans() == [(2, 8), (9, 9)] and graph.warm_up_rows() == [1, 8, 2, 9]
+    example = graph._example(pool, 6, 6)
+    before = graphs_compiled()
+    with torch.inference_mode():
+        graph._step(net, *example)
+    assert graphs_compiled() == before
+
+
 def test_a_row_limit_of_two_compiles_its_one_row_count_static(tiny_llama_dir, tmp_path):
     """int4 blocks for at most 2 rows (a verdict some starts measure): the span from 2 rows
     holds one count, which Dynamo's graph and the drafts package take static (marked
@@ -261,7 +280,7 @@ def test_a_form_that_cannot_compile_caps_the_rows_without_a_trace(tiny_llama_dir
         m.hold(FewRowsWeight(Int4Weight.from_weight(m.weight, plan), 3, Untraceable(m.weight)))
     assert compiled_row_limit(net.layers) == 3
     graph = compiled.CompiledDecode(net, 64)
-    assert graph.max_rows == 3 and graph.warm_up_rows() == [1, 2]
+    assert graph.max_rows == 3 and graph.warm_up_rows() == [1, 3, 2]  # the span 2-3, last first
     assert "steps of <= 3 rows compiled" in graph.note
     assert compiled.CompiledDecode(net, 2).note is None  # under the limit: nothing left out
     linears[0].hold(Untraceable(linears[0].form.many.weight))
