@@ -30,9 +30,10 @@ limits differed) cannot leave the span's other counts to a compile inside a step
 the one-row package cannot be built, Dynamo's graph takes one row too, specialized.
 oneDNN-packed bfloat16, an opaque tensor Dynamo cannot trace, is multiplied through ops
 that name each weight by number (weights/dense.py), so larger steps compile too; a form
-Inductor cannot trace (WeightForm.compiles) caps the rows the graph takes below the rows it multiplies, and so
-does a size that fails to compile. One request's drafts attend by two batched matmuls over
-its row of the copy (draft_attention), which read it once for all the draft's tokens.
+Inductor cannot trace (WeightForm.compiles) caps the rows the graph takes below the rows it
+multiplies, and so does a size that fails to compile. One request's drafts attend by two
+batched matmuls over its row of the copy (draft_attention), which read it once for all the
+draft's tokens.
 Inductor caches the compiled code on disk (`cache_dir`; the package beside it, in `aot/`),
 so a later start loads it.
 """
