@@ -192,6 +192,23 @@ def test_bitmask_masks_constrained_rows_only() -> None:
     assert torch.equal(processed, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_bitmask_sets_exactly_the_disallowed_logits_to_minus_inf(dtype) -> None:
+    """Bit for bit what masked_fill_ gives, in each logits dtype, NaN, infinities and -0.0
+    included: disallowed logits become -inf, allowed ones keep their bits."""
+    vocab_size, num_rows = 101, 5
+    logits = random_logits(num_rows, vocab_size).to(dtype)
+    logits[:, :4] = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0], dtype=dtype)
+    allowed = torch.rand(num_rows, vocab_size, generator=torch.Generator().manual_seed(5)) < 0.5
+    allowed[:, :4] = torch.tensor([[True] * 4, [False] * 4] * 2 + [[True, False] * 2])
+    processed = sampler(vocab_size).process_logits(
+        logits, [state(vocab_size=vocab_size) for _ in range(num_rows)], pack(allowed)
+    )
+    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[logits.element_size()]
+    expected = logits.masked_fill(~allowed, float("-inf"))
+    assert torch.equal(processed.view(as_int), expected.view(as_int))
+
+
 def test_sampled_and_greedy_rows_respect_the_bitmask() -> None:
     vocab_size, num_rows = 70, 600
     logits = random_logits(num_rows, vocab_size)
