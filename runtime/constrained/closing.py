@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -48,9 +48,9 @@ _CLOSING_TEXTS = ['"}', '"]', "}}", "]}", "}]", "]]", '"', "}", "]", ",", "0", '
 _CLOSING_TEXTS += ["false", "true", "[]", "{}", ":", "1", "a", "e", "x", "-", "."]
 
 
-@dataclass(slots=True, frozen=True)
-class Nesting:
-    """How much of a JSON text is still open: containers, and whether inside a string."""
+class Nesting(NamedTuple):
+    """How much of a JSON text is still open: containers, and whether inside a string. A
+    tuple: the search's memo of `feed` hashes it in C."""
 
     depth: int = 0
     in_string: bool = False
