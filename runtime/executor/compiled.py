@@ -7,32 +7,32 @@ time; the norms, RoPE, casts, views, K/V writes and attention around them, each 
 and a dispatch, take the other half. Compiled, they become a few fused kernels per layer
 around the same weight forms' kernels, run without Python in between.
 
-The graph attends over the decode batch's dense K/V copy (attention.DecodeKV), which it
-appends this step's K/V to as it writes them into the pool, each token masked past its own
-position: its shapes then change only with the tokens, the requests and the copy's
-capacity, which are symbolic, so one graph serves every context length. A step that
-verifies drafts (a constraint's forced text, prompt lookup's) is the same graph with
-several tokens per request, each attending over its request's row of the copy, so drafts
-and the compiled step go together, and the copy's run goes on past them (positions a cut
-draft wrote stay masked until written over). Steps it does not take run eager: prefills,
-steps over a shared prefix (cascade), steps of more tokens than it takes, and batches the
-dense copy does not hold (over its budget).
+The graph (decode_graph.py) attends over the decode batch's dense K/V copy
+(attention.DecodeKV), which it appends this step's K/V to as it writes them into the pool,
+each token masked past its own position: its shapes then change only with the tokens, the
+requests and the copy's capacity, which are symbolic, so one graph serves every context
+length. A step that verifies drafts (a constraint's forced text, prompt lookup's) is the
+same graph with several tokens per request, each attending over its request's row of the
+copy, so drafts and the compiled step go together, and the copy's run goes on past them
+(positions a cut draft wrote stay masked until written over). Steps it does not take run
+eager: prefills, steps over a shared prefix (cascade), steps of more tokens than it takes,
+and batches the dense copy does not hold (over its budget).
 
 A one-row step runs the same graph compiled ahead of time (compiled_aot.py: no Dynamo
 guards, no Python between its kernels), and so do one request's drafts, up to the first row
 limit past one where a linear changes kernel (a second package, the token count symbolic);
 Dynamo's graph takes the steps of more requests, the row count symbolic from two rows on,
-and one request's longer drafts in a specialization of its own (Dynamo fixes a size of
-one). `warm_up` builds them all at start: each span of row counts between the limits
-where a linear changes form (weights/few_rows.py) is compiled at its last count, then at
-its first, so that a graph Inductor's cache holds for a narrower span (from a start whose
-limits differed) cannot leave the span's other counts to a compile inside a step. Where
-the one-row package cannot be built, Dynamo's graph takes one row too, specialized.
-oneDNN-packed bfloat16, an opaque tensor Dynamo cannot trace, is multiplied through ops
-that name each weight by number (weights/dense.py), so larger steps compile too; a form
-Inductor cannot trace (WeightForm.compiles) caps the rows the graph takes below the rows it
-multiplies, and so does a size that fails to compile. One request's drafts attend by two
-batched matmuls over its row of the copy (draft_attention), which read it once for all the
+and one request's longer drafts in a specialization of its own (Dynamo fixes a size of one).
+`warm_up` builds them all at start: each span of row counts between the limits where a
+linear changes form (weights/few_rows.py) is compiled at its last count, then at its first,
+so that a graph Inductor's cache holds for a narrower span (from a start whose limits
+differed) cannot leave the span's other counts to a compile inside a step. Where the one-row
+package cannot be built, Dynamo's graph takes one row too, specialized. oneDNN-packed
+bfloat16, an opaque tensor Dynamo cannot trace, is multiplied through ops that name each
+weight by number (weights/dense.py), so larger steps compile too; a form Inductor cannot
+trace (WeightForm.compiles) caps the rows the graph takes below the rows it multiplies, and
+so does a size that fails to compile. One request's drafts attend by two batched matmuls
+over its row of the copy (decode_graph.draft_attention), which read it once for all the
 draft's tokens.
 Inductor caches the compiled code on disk (`cache_dir`; the package beside it, in `aot/`),
 so a later start loads it.
@@ -52,13 +52,14 @@ import torch._inductor.config
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from ..models.layers import compiled_row_limit, form_row_limits
-from .attention import TorchAttnBackend, masked_attention
+from .attention import TorchAttnBackend
 from .compiled_aot import MIN_CAPACITY, PackagedStep, build_package, inputs
+from .decode_graph import decode_graph, unguarded_model
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory import KVPool
 
 if TYPE_CHECKING:
-    from ..models.decoder import Attention, DecoderForCausalLM
+    from ..models.decoder import DecoderForCausalLM
 
 log = logging.getLogger("stemma.engine")
 RECOMPILE_LIMIT = 64  # Dynamo's per-function limit: one graph per row bucket stays inside it
@@ -66,99 +67,6 @@ RECOMPILE_LIMIT = 64  # Dynamo's per-function limit: one graph per row bucket st
 # plans its loops by the example's size (which to run on every core, which to vectorize):
 # a tiny one had every attention loop run on one core.
 WARM_UP_CAPACITY = 512
-
-
-class DenseAttention:
-    """attend() inside the compiled graph: writes this step's K/V into the pool and into the
-    dense copy, then attends each token over its request's row of the copy, masked past the
-    token's own position (so the drafts a step verifies see those before them)."""
-
-    def __init__(self, pool_k, pool_v, dense_k, dense_v, rows, out_loc, flat_pos, positions):
-        self.pool_k, self.pool_v, self.dense_k, self.dense_v = pool_k, pool_v, dense_k, dense_v
-        self.rows, self.out_loc, self.flat_pos = rows, out_loc, flat_pos
-        col = torch.arange(dense_k[0].shape[1], device=positions.device)
-        self.last = positions[:, None]  # each token's query position, [N, 1]
-        self.col = col[None, :]
-        self.visible = self.col <= self.last  # [N, capacity]
-
-    def __call__(self, q, k, v, a: Attention) -> torch.Tensor:
-        i = a.layer_id
-        self.pool_k[i].index_copy_(0, self.out_loc, k)
-        self.pool_v[i].index_copy_(0, self.out_loc, v)
-        kd, vd = self.dense_k[i], self.dense_v[i]  # [B, capacity, Hkv, D]
-        kd.view(-1, *kd.shape[2:]).index_copy_(0, self.flat_pos, k)
-        vd.view(-1, *vd.shape[2:]).index_copy_(0, self.flat_pos, v)
-        plain = a.window is None and a.softcap is None
-        if plain and kd.shape[0] == 1 and q.shape[0] > 1:  # one request's drafts
-            return draft_attention(q, kd, vd, self.visible, a.sm_scale)
-        # each token's request row, [N, capacity, Hkv, D] (Inductor reads it in place)
-        kd, vd = kd.index_select(0, self.rows), vd.index_select(0, self.rows)
-        if a.window is not None or a.softcap is not None:  # as the eager backend's windowed()
-            mask = self.visible
-            if a.window is not None:
-                mask = mask & (self.col > self.last - a.window)
-            o = masked_attention(q[:, None], kd, vd, mask[:, None], a.sm_scale, a.softcap)
-            return o[:, 0]
-        return decode_attention(q, kd, vd, self.visible, a.sm_scale)
-
-
-def decode_attention(q, k, v, visible, sm_scale: float) -> torch.Tensor:
-    """One query per request over its dense K/V, as sums rather than matmuls: q [B, H, D],
-    k / v [B, capacity, Hkv, D], visible [B, capacity] -> [B, H, D]. Inductor fuses each
-    sum into one loop over the copy (a matmul or SDPA would be a library call per layer,
-    whose dispatch outweighs a single query's work), in float32 at least, as SDPA computes."""
-    B, H, D = q.shape
-    Hkv, wide = k.shape[2], torch.promote_types(q.dtype, torch.float32)
-    qg = q.view(B, 1, Hkv, H // Hkv, D).to(wide)
-    s = (qg * k[:, :, :, None].to(wide)).sum(-1) * sm_scale  # [B, capacity, Hkv, G]
-    s = s.masked_fill(~visible[:, :, None, None], float("-inf"))
-    p = s.softmax(1)
-    o = (p[..., None] * v[:, :, :, None].to(wide)).sum(1)  # [B, Hkv, G, D]
-    return o.reshape(B, H, D).to(q.dtype)
-
-
-def draft_attention(q, k, v, visible, sm_scale: float) -> torch.Tensor:
-    """One request's N tokens (its drafts) over its dense K/V: q [N, H, D], k / v [1,
-    capacity, Hkv, D], visible [N, capacity] -> [N, H, D]. Two batched matmuls over the K/V
-    heads, which read the request's row once for all its tokens (the sums above read it once
-    a token: at 8 tokens over 640 positions, 3x the time), in float32 at least."""
-    N, H, D = q.shape
-    Hkv, wide = k.shape[2], torch.promote_types(q.dtype, torch.float32)
-    G = H // Hkv
-    qg = q.to(wide).view(N, Hkv, G, D).transpose(0, 1).reshape(Hkv, N * G, D)
-    s = torch.bmm(qg, k[0].to(wide).permute(1, 2, 0)) * sm_scale  # [Hkv, N * G, capacity]
-    s = s.view(Hkv, N, G, -1).masked_fill(~visible[None, :, None, :], float("-inf"))
-    p = s.softmax(-1).view(Hkv, N * G, -1)
-    o = torch.bmm(p, v[0].to(wide).transpose(0, 1))  # [Hkv, N * G, D]
-    return o.view(Hkv, N, G, D).transpose(0, 1).reshape(N, H, D).to(q.dtype)
-
-
-def decode_graph(
-    model: DecoderForCausalLM,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    rows: torch.Tensor,
-    out_loc: torch.Tensor,
-    flat_pos: torch.Tensor,
-    pool_k: list[torch.Tensor],
-    pool_v: list[torch.Tensor],
-    dense_k: list[torch.Tensor],
-    dense_v: list[torch.Tensor],
-) -> torch.Tensor:
-    """One step's final hidden states, [N, hidden], for N new tokens (one per request in a
-    decode step, more where drafts are verified) over B requests' dense copies: what the
-    compiled function traces. rows [N]: each token's request (its row of the copy). The
-    vocabulary projection stays out of it (one call, whose form may not lower)."""
-    attend = DenseAttention(pool_k, pool_v, dense_k, dense_v, rows, out_loc, flat_pos, positions)
-    return model.hidden(input_ids, positions, None, attend)
-
-
-def unguarded_model(guards: list) -> list[bool]:
-    """Dynamo's guard filter: which guards a call checks. The model's (its modules, forms,
-    weights and constants: some 5,000 on SmolLM2, 1.7 ms a step) are dropped, because the
-    model never changes once the weight plan is applied, before the warm-up; the inputs'
-    stay, and they choose the graph for a row count."""
-    return [not g.name.startswith("model") for g in guards]
 
 
 class CompiledDecode:

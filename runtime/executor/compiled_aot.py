@@ -90,7 +90,7 @@ def build_package(
     cache_dir: Path,
     max_tokens: int = 1,
 ) -> PackagedStep:
-    """Export `graph` (compiled.decode_graph) over `example` (its arguments after the model,
+    """Export `graph` (decode_graph.decode_graph) over `example` (its arguments after the model,
     one request's; the dense copy's capacity symbolic) and load its package from `cache_dir`,
     or compile it there first. max_tokens 1: the one-row decode step; more: one request's
     steps of 2 to max_tokens tokens (the count symbolic; the example's sets the loops)."""

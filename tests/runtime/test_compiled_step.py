@@ -16,7 +16,7 @@ import torch
 from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.engine_core import graphs_compiled
-from stemma.runtime.executor import compiled
+from stemma.runtime.executor import compiled, decode_graph
 from stemma.runtime.scheduler.speculative import StepCost
 from torch._dynamo.utils import counters
 
@@ -337,7 +337,7 @@ def test_packed_weights_run_in_the_graph_and_give_eager_tokens(
 
 
 def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_path):
-    """The graphs do not guard on the model (compiled.unguarded_model), so each engine's
+    """The graphs do not guard on the model (decode_graph.unguarded_model), so each engine's
     must be its own: two models of the same shapes whose weights and constants differ (norm
     eps, RoPE base), compiled in one process, each give what their eager engine gives."""
     from ..fixtures import build_tiny_checkpoint
@@ -398,7 +398,7 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
     assert first._single.built and not again._single.built
     assert again._single.path == first._single.path
     with torch.inference_mode():
-        want = compiled.decode_graph(net, *small, torch.tensor([5]), pool.k, pool.v,
+        want = decode_graph.decode_graph(net, *small, torch.tensor([5]), pool.k, pool.v,
                                      dense[:half], dense[half:])  # fmt: skip
     assert torch.allclose(step(first), want, atol=1e-6) and torch.equal(step(again), step(first))
     with torch.no_grad():
