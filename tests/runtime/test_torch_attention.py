@@ -8,6 +8,7 @@ from stemma.runtime.executor.attention import (
     CASCADE_MIN_SAVED_POSITIONS,
     cascade_attention,
     cascade_decode,
+    decode_sdpa,
     masked_attention,
     shared_prefix_len,
 )
@@ -38,6 +39,22 @@ def test_cascade_decode_is_attention_over_prefix_and_rest(masked):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     general = cascade_attention(q, k_shared, v_shared, k_rest, v_rest, rest_mask, 0.3)
     torch.testing.assert_close(got, general, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4), (8, 1)])
+def test_decode_sdpa_folds_each_kv_heads_queries_into_rows(masked, heads):
+    torch.manual_seed(0)
+    (H, Hkv), B, D, C = heads, 5, 8, 9
+    q, k, v = _heads(B, H, D), _heads(B, C, Hkv, D), _heads(B, C, Hkv, D)
+    mask = torch.ones(B, 1, C, dtype=torch.bool)
+    if masked:  # contexts of different lengths: request b sees C - b positions
+        for b in range(B):
+            mask[b, :, C - b :] = False
+    bias = torch.zeros(B, 1, 1, C, dtype=q.dtype).masked_fill_(~mask[:, None], float("-inf"))
+    got = decode_sdpa(q, k, v, bias if masked else None, 0.3)
+    want = masked_attention(q[:, None], k, v, mask, 0.3, None)[:, 0]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def _slots(requests: int, shared: int) -> torch.Tensor:
