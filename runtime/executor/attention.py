@@ -161,10 +161,11 @@ def decode_sdpa(q, k, v, bias, sm_scale: float) -> torch.Tensor:
     """One query per request: q [B, H, D] over k / v [B, ctx, Hkv, D], bias [B, 1, 1, ctx]
     (additive) or None -> [B, H, D]. Each K/V head's H / Hkv query heads go in as that many
     query rows of one SDPA over [B, Hkv, H / Hkv, D]: the same sums, but torch's CPU SDPA
-    takes a single query row with `enable_gqa` 3.5-4x slower (SmolLM2's 9 over 3 heads, 30
-    layers: 8 requests over 256 positions 1,234 against 342 us a layer, 32 over 512 9.9
-    against 2.4 ms, one over 512 342 against 97 us; AMD EPYC). Steps of several tokens a
-    request measure the same either way, and keep `enable_gqa`."""
+    takes a single bfloat16 query row with `enable_gqa` 3.5-4x slower (SmolLM2's 9 over 3
+    heads, 30 layers: 8 requests over 256 positions 1,234 against 342 us a layer, 32 over
+    512 9.9 against 2.4 ms, one over 512 342 against 97 us; AMD EPYC; in float32 both
+    measure the same). Steps of several tokens a request measure the same either way, and
+    keep `enable_gqa`."""
     B, H, D = q.shape
     Hkv = k.shape[2]
     o = F.scaled_dot_product_attention(
