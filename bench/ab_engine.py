@@ -2,14 +2,19 @@
 a baseline commit, each in its own process, interleaved round by round.
 
     python -m stemma.bench.ab_engine --baseline COMMIT [--rounds 5] [--dtype auto]
+    python -m stemma.bench.ab_engine --baseline COMMIT --engine '{"speculative_algorithm":
+        "NGRAM"}' --workloads "decode b=8 in=32 out=64" "rewrite b=8 out=64"
 
 The baseline is checked out as a detached git worktree beside the repository (kept for the next
 run). Each side's process loads the engine once and runs what the parent asks over a pipe, one
 workload at a time, so only one side computes at any moment; each round runs both sides of a
 workload back to back, in alternating order. Workloads (greedy, ignore_eos, no cache hits):
 decode at batch 1 and 32 (32-token prompts, 64 new tokens) and prefill (8 prompts of 512
-tokens, 1 new token). Reported: each side's median seconds, the median of per-round ratios
-baseline / candidate (> 1: the candidate is faster) and the ratio of the fastest rounds.
+tokens, 1 new token) by default; decode at batch 8, and rewrites (a chat request to repeat a
+paragraph, each request its own) at batch 1 and 8, on request. `--engine`: engine options
+both sides take (a JSON object), such as a draft algorithm. Reported: each side's median
+seconds, the median of per-round ratios baseline / candidate (> 1: the candidate is faster)
+and the ratio of the fastest rounds.
 Results: bench/results/ab_engine.jsonl.
 """
 
@@ -32,17 +37,31 @@ WORKER = r"""
 import json, random, sys, time
 from stemma.runtime.engine import Engine
 
-engine = Engine(sys.argv[1], dtype=sys.argv[2], kv_cache_mb=1024)
+engine = Engine(sys.argv[1], dtype=sys.argv[2], kv_cache_mb=1024, **json.loads(sys.argv[3]))
 rng = random.Random(0)
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff for more than a century. Every night its "
+    "lamp turned slowly, sweeping a pale beam across the black water, warning ships away from "
+    "the rocks below. The keeper climbed the narrow stairs each evening to trim the wick and "
+    "polish the great lens, and wrote every storm and every passing ship into his log book."
+)
 
 def prompts(n, length):
     return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(n)]
+
+def rewrites(n):
+    ask = "Repeat this paragraph word for word.\n\n" + PARAGRAPH
+    chats = [[{"role": "user", "content": f"({i}) {ask}"}] for i in range(n)]
+    return [engine.apply_chat_template(c) for c in chats]
 
 def run(ids, new):
     engine.flush_cache()
     params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
     start = time.perf_counter()
-    outs = engine.generate(input_ids=ids, sampling_params=params)
+    if isinstance(ids[0], str):
+        outs = engine.generate(ids, [params] * len(ids))
+    else:
+        outs = engine.generate(input_ids=ids, sampling_params=params)
     seconds = time.perf_counter() - start
     outs = outs if isinstance(outs, list) else [outs]
     if any(o["meta_info"]["completion_tokens"] != new for o in outs):
@@ -53,6 +72,9 @@ WORKLOADS = {
     "decode b=1 in=32 out=64": (prompts(1, 32), 64),
     "decode b=32 in=32 out=64": (prompts(32, 32), 64),
     "prefill 8 x 512 out=1": (prompts(8, 512), 1),
+    "decode b=8 in=32 out=64": (prompts(8, 32), 64),
+    "rewrite b=1 out=128": (rewrites(1), 128),
+    "rewrite b=8 out=64": (rewrites(8), 64),
 }
 run(*WORKLOADS["decode b=1 in=32 out=64"])  # warm-up
 print(json.dumps({"ready": engine.dtype.name}), flush=True)
@@ -61,6 +83,7 @@ for line in sys.stdin:
     print(json.dumps({"seconds": run(*WORKLOADS[name])}), flush=True)
 """
 WORKLOAD_NAMES = ["decode b=1 in=32 out=64", "decode b=32 in=32 out=64", "prefill 8 x 512 out=1"]
+MORE_WORKLOADS = ["decode b=8 in=32 out=64", "rewrite b=1 out=128", "rewrite b=8 out=64"]
 
 
 def baseline_tree(commit: str) -> Path:
@@ -78,14 +101,14 @@ def baseline_tree(commit: str) -> Path:
 class Side:
     """One tree's engine in its own process; `stemma` resolves to that tree."""
 
-    def __init__(self, tree: Path, model: str, dtype: str):
+    def __init__(self, tree: Path, model: str, dtype: str, options: str = "{}"):
         pkg = tree.parent / f".{tree.name}-pkg"
         pkg.mkdir(exist_ok=True)
         link = pkg / "stemma"
         if not link.exists():
             link.symlink_to(tree)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, model, dtype],
+            [sys.executable, "-c", WORKER, model, dtype, options],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -113,11 +136,16 @@ def main(argv: list[str] | None = None) -> None:
     p = bench_parser(__doc__)
     p.add_argument("--baseline", required=True, help="the commit to compare against")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--workloads", nargs="+", choices=WORKLOAD_NAMES, default=WORKLOAD_NAMES)
+    p.add_argument(
+        "--workloads", nargs="+", choices=WORKLOAD_NAMES + MORE_WORKLOADS, default=WORKLOAD_NAMES
+    )
+    p.add_argument("--engine", default="{}", help="engine options of both sides, as JSON")
     args = p.parse_args(argv)
+    if not isinstance(json.loads(args.engine), dict):
+        raise SystemExit(f"--engine must be a JSON object, got {args.engine!r}")
     sides = {
-        "baseline": Side(baseline_tree(args.baseline), args.model, args.dtype),
-        "candidate": Side(REPO, args.model, args.dtype),
+        "baseline": Side(baseline_tree(args.baseline), args.model, args.dtype, args.engine),
+        "candidate": Side(REPO, args.model, args.dtype, args.engine),
     }
     times: dict[str, dict[str, list[float]]] = {w: {s: [] for s in sides} for w in args.workloads}
     try:
@@ -149,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows, ["workload", "baseline", "candidate", "ratio", "ratio_of_mins"])
     extra = {"baseline_commit": args.baseline, "candidate_commit": git_commit()}
     extra |= {"model": args.model, "dtype": sides["candidate"].dtype}
+    extra |= {"engine": json.loads(args.engine)}
     print("appended to", append_results("ab_engine", rows, **extra))
 
 

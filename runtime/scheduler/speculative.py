@@ -27,6 +27,15 @@ under it where that saves more, and a draft that crosses into a stair runs to it
 one request on a CPU, where weights dominate, drafts whenever anything matches, up to the
 rows its fast kernel takes; a large batch drafts only what is likely to stand, and only
 where it pays for leaving the decode path.
+
+With no request waiting, a batch steps in lockstep: as often as the request with the most
+tokens left needs. A token one request gains then frees only its row in later steps
+(`token_value`), but drafts that every request due to end last has, likely to stand, end the
+batch whole steps sooner (`lockstep_plan`: eight requests rewriting the same kind of text);
+`settle` keeps whichever of the two plans saves more. Each request's acceptance comes from
+its own drafts and the prior, so a batch starts drafting together only where recent drafts
+stood: after a run of refused ones (a low prior), a batch of rewrites drafts no more than
+before.
 """
 
 from __future__ import annotations
@@ -196,9 +205,12 @@ class DraftBudget:
     cut: float = 0.0
     # How many requests wait to be admitted (the scheduler's; None: assume some do)
     waiting: Callable[[], int] | None = None
-    # whether no draft can pay this step, however likely, and token_value, both worked out
+    # whether no draft can pay this step, however likely; whether the batch steps in
+    # lockstep and every request drafting could save it whole steps (then each request
+    # looks up all it may, and settle prices the steps); and token_value: all worked out
     # once a step (by the step's first request to ask)
     hopeless: bool | None = None
+    together: bool = False
     value: float = 0.0
 
     def learn(self, stood: bool) -> None:
@@ -237,10 +249,15 @@ class DraftBudget:
         0.85x, drafting at half its steps for tokens valued at the share)."""
         b = self.batch_size
         share = self.per_token
-        if b <= 1 or self.waiting is None or self.waiting() > 0:
+        if not self.in_lockstep(b):
             return share
         row = float(self.cost.seconds(b)) - float(self.cost.seconds(b - 1))
         return min(max(row, 0.0), share)
+
+    def in_lockstep(self, rows: int) -> bool:
+        """Whether a batch of `rows` requests steps as often as its slowest request needs:
+        more than one request, and none waiting for a row one of them frees."""
+        return rows > 1 and self.waiting is not None and self.waiting() == 0
 
     def best(self, chances: np.ndarray, rows: int, drafted: bool, per_token: float) -> int:
         """How many of the draft tokens to verify, likeliest first (chances: each one's
@@ -248,12 +265,58 @@ class DraftBudget:
         whether that step already verifies drafts, so left the decode path): the count whose
         expected saving (per_token seconds a token), less the rows' and leaving the decode
         path's cost, is largest (the most such, so where nothing is measured all are tried)."""
+        return self._best(chances, rows, drafted, per_token)[0]
+
+    def _best(
+        self, chances: np.ndarray, rows: int, drafted: bool, per_token: float
+    ) -> tuple[int, float]:
+        """best's count and the seconds it is expected to save, net."""
         saved = np.concatenate([[0.0], np.cumsum(chances)]) * per_token
         extra = np.arange(len(chances) + 1)
         cost = self.cost.seconds(rows + extra, True) - self.cost.seconds(rows, drafted)
         cost[0] = 0.0
         value = saved - cost
-        return len(value) - 1 - int(np.argmax(value[::-1]))
+        count = len(value) - 1 - int(np.argmax(value[::-1]))
+        return count, float(value[count])
+
+    def steps_pay(self, rows: int, n: int) -> bool:
+        """Whether a batch of `rows` requests in lockstep, each drafting j <= n tokens sure to
+        stand, saves more (j whole plain steps) than the draft step's rows cost."""
+        step = float(self.cost.seconds(rows))
+        j = np.arange(1, n + 1)
+        extra = self.cost.seconds(rows + rows * j, True) - step
+        return bool(np.any(j * step > extra))
+
+    def lockstep_plan(
+        self, live: list[Req], rows: int, drafted: bool
+    ) -> tuple[dict[int, int], float] | None:
+        """Drafts that shorten a batch in lockstep by whole steps: how many tokens each
+        request (by id()) keeps, and the seconds that saves, net; None where nothing pays.
+
+        The batch ends when the request with the most tokens left to sample (R*) ends, so it
+        ends j steps sooner when every request i with R_i > R* - j gains R_i - R* + j tokens
+        (the geometric model: a_i to that power, independent), the others needing none. A
+        batch where one such request has no draft saves no step; its drafts are worth rows
+        (token_value)."""
+        left = [r.params.max_new_tokens - len(r.output_ids) for r in live]
+        top = max(left)
+        own = [bool(r.draft) and r.speculative_draft for r in live]
+        size = [len(r.draft) if o else 0 for r, o in zip(live, own)]
+        chance = [acceptance(r, self.prior) if o else 0.0 for r, o in zip(live, own)]
+        step = float(self.cost.seconds(len(live)))
+        before = float(self.cost.seconds(rows, drafted))
+        saved, best_j, best_value = 0.0, 0, 0.0
+        for j in range(1, self.max_tokens + 1):
+            need = [max(0, n - top + j) for n in left]
+            if any(k > s for k, s in zip(need, size)):
+                break
+            saved += math.prod(a**k for a, k in zip(chance, need) if k)
+            extra = float(self.cost.seconds(rows + sum(need), True)) - before
+            if saved * step - extra > best_value:
+                best_j, best_value = j, saved * step - extra
+        if best_j == 0:
+            return None
+        return {id(r): max(0, n - top + best_j) for r, n in zip(live, left)}, best_value
 
     def length(self, req: Req) -> int:
         """The request's draft length, as if it alone drafted in a step that already verifies
@@ -268,11 +331,17 @@ class DraftBudget:
             return self.max_tokens  # nothing measured yet: tried
         if self.hopeless is None:  # every request's drafts, each token sure to stand
             b, n, self.value = self.batch_size, self.max_tokens, self.token_value
-            self.hopeless = self.best(np.ones(b * n), b, False, self.value) == 0
+            self.together = self.in_lockstep(b) and self.steps_pay(b, n)
+            self.hopeless = (
+                not self.together and self.best(np.ones(b * n), b, False, self.value) == 0
+            )
         # (priced as a step without a constraint's forced text, which would leave the decode
         # path anyway: such a step may verify fewer speculative drafts than would pay)
         if self.hopeless:  # settle would drop them all: none is looked up
             return 0
+        if self.together:  # what the others draft decides what this one's are worth: settle
+            self.lengths[key] = self.max_tokens
+            return self.max_tokens
         chances = acceptance(req, self.prior) ** np.arange(1, self.max_tokens + 1)
         self.lengths[key] = found = self.best(chances, self.batch_size, True, self.value)
         return found
@@ -291,7 +360,16 @@ class DraftBudget:
             ((a**j, i) for i, (a, n) in enumerate(each) for j in range(1, n + 1)), reverse=True
         )
         chances = np.array([p for p, _ in tokens])
-        keep = self.best(chances, len(live) + forced, forced > 0, self.token_value)
+        rows, drafted = len(live) + forced, forced > 0
+        keep, value = self._best(chances, rows, drafted, self.token_value)
+        plan = self.lockstep_plan(live, rows, drafted) if self.in_lockstep(len(live)) else None
+        if plan is not None and plan[1] > value:  # whole steps saved: each keeps its part
+            for r in drafts:
+                n = min(len(r.draft), plan[0].get(id(r), 0))
+                r.num_draft_tokens -= len(r.draft) - n
+                r.draft = r.draft[:n]
+                r.speculative_draft = bool(r.draft)
+            return
         kept = Counter(i for _, i in tokens[:keep])
         for i, r in enumerate(drafts):
             r.num_draft_tokens -= len(r.draft) - kept[i]

@@ -290,14 +290,58 @@ def test_with_no_request_waiting_a_batchs_draft_token_saves_only_its_row():
             r.num_forced_tokens = 998
         budget.settle([*good, *plain])
         assert all(len(r.draft) == (4 if waiting else 0) for r in good)
-    # where no step of drafts could pay, however sure, none is looked up
+    # with no request waiting, each request looks up all it may: every request's drafts
+    # together could save the batch whole steps (settle prices them: the next test)
     sure = make_req([1, 2])
     sure.num_forced_tokens = 998
-    for waiting, length in (([], 0), ([1], 7)):
+    for waiting in ([], [1]):
         queue[:] = waiting
         budget.lengths.clear()
         budget.hopeless = None  # (a step's end clears both)
-        assert budget.length(sure) == length
+        assert budget.length(sure) == 7
+    # where no step of drafts could pay, however sure, none is looked up: 64 requests, a
+    # row costing what a step saves a request (compute-bound), a draft step 20 ms more
+    queue.clear()
+    bound = DraftBudget(7, fitted(0.002, 0.0015, 0.020), batch_size=64, waiting=lambda: 0)
+    assert bound.length(sure) == 0 and bound.hopeless
+
+
+def test_a_batch_in_lockstep_keeps_the_drafts_that_save_it_whole_steps():
+    """With no request waiting, the batch ends when the request with the most tokens left
+    does: it ends j steps sooner when every request gains what it needs to finish j steps
+    before that one does now, so drafts every request has are worth whole steps (a batch of
+    rewrites), and one request without a draft leaves them worth their rows."""
+    # 8 requests: a plain step 34 ms (30 + 0.5 a row), a draft step 20 ms more
+    cost = fitted(0.030, 0.0005, 0.020)
+    budget = DraftBudget(max_tokens=7, cost=cost, batch_size=8, waiting=lambda: 0)
+
+    def batch(num: int, draft: int, ahead: int = 0) -> list[Req]:
+        reqs = [drafted(make_req([1, 2], [7] * ahead), draft) for _ in range(num)]
+        for r in reqs:
+            r.num_forced_tokens = 998  # a = 0.999
+        return reqs
+
+    # 4 sure tokens each: ~4 steps (136 ms) for 32 rows and the draft step (36 ms); as rows
+    # alone (0.5 ms a token) they would not pay
+    good = batch(8, 4)
+    budget.settle(good)
+    assert [len(r.draft) for r in good] == [4] * 8
+    assert all(r.num_draft_tokens == 4 and r.speculative_draft for r in good)
+    one_short = [*batch(7, 4), make_req([1, 2])]  # the last has nothing to draft
+    budget.settle(one_short)
+    assert all(r.draft == [] and r.num_draft_tokens == 0 for r in one_short)
+    # a request 3 tokens behind the others: its first 3 tokens each save a step alone; the
+    # 4th saves one more only with a token from every other request
+    behind, ahead = batch(1, 4), batch(3, 4, ahead=3)
+    budget.batch_size = 4
+    budget.settle([*behind, *ahead])
+    assert len(behind[0].draft) == 4 and [len(r.draft) for r in ahead] == [1, 1, 1]
+    assert sum(r.num_draft_tokens for r in (*behind, *ahead)) == 7
+    # unlikely drafts (a = 1/2 from nothing seen) save no step: 0.5^8 a step, far under 36 ms
+    unsure = [drafted(make_req([1, 2]), 4) for _ in range(8)]
+    budget.batch_size = 8
+    budget.settle(unsure)
+    assert all(r.draft == [] for r in unsure)
 
 
 def test_a_draft_that_crosses_into_a_stair_of_the_int4_kernel_runs_to_its_end():
