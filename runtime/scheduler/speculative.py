@@ -32,10 +32,11 @@ With no request waiting, a batch steps in lockstep: as often as the request with
 tokens left needs. A token one request gains then frees only its row in later steps
 (`token_value`), but drafts that every request due to end last has, likely to stand, end the
 batch whole steps sooner (`lockstep_plan`: eight requests rewriting the same kind of text);
-`settle` keeps whichever of the two plans saves more. Each request's acceptance comes from
-its own drafts and the prior, so a batch starts drafting together only where recent drafts
-stood: after a run of refused ones (a low prior), a batch of rewrites drafts no more than
-before.
+`settle` keeps whichever of the two plans saves more. The chance of saving j steps is what
+lockstep steps saved lately (`steps_chance`, one half before any): a batch's requests copy or
+do not together, where the product of eight requests' own chances would never try. Its
+counts fade a step (`LOCKSTEP_DECAY`), so a batch whose drafts stood goes on drafting, one
+whose drafts were refused stops, and tries again some hundreds of steps later.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ if TYPE_CHECKING:
     from .draft import DraftSource
 
 COST_WINDOW = 256  # steps the row-cost fit remembers
+# What lockstep drafts saved lately (DraftBudget.together_saved), each count decayed a step,
+# half-life 256 steps: a batch whose drafts saved nothing tries again after about that many
+LOCKSTEP_DECAY = 0.5 ** (1 / 256)
 PRIOR_DECAY = 0.99  # a verified draft token's weight in the prior, a token later (~100 kept)
 EVIDENCE_HALF_LIFE = 32  # sampled tokens without a draft over which a request's counts halve
 
@@ -212,6 +216,12 @@ class DraftBudget:
     hopeless: bool | None = None
     together: bool = False
     value: float = 0.0
+    # Lockstep steps lately (decayed by LOCKSTEP_DECAY a step): by j, how many aimed to end
+    # the batch at least j steps sooner and how many did; and the plan verified next, as
+    # (request, tokens it had left, its tokens confirmed so far) and the steps it aimed at
+    together_tried: list[float] = field(default_factory=list)
+    together_saved: list[float] = field(default_factory=list)
+    pending: tuple[list[tuple[Req, int, int]], int] | None = None
 
     def learn(self, stood: bool) -> None:
         """One speculative draft token verified: whether it stood."""
@@ -229,6 +239,8 @@ class DraftBudget:
         step whose time is no measure of the next ones' (`measured` False: it compiled)."""
         self.lengths.clear()
         self.hopeless = None
+        self.together_tried = [n * LOCKSTEP_DECAY for n in self.together_tried]
+        self.together_saved = [n * LOCKSTEP_DECAY for n in self.together_saved]
         if batch.reqs and not any(batch.is_prefill) and measured:
             self.batch_size = len(batch.reqs)
             self.cost.record(sum(batch.num_new), any(n > 1 for n in batch.num_new), seconds)
@@ -294,29 +306,56 @@ class DraftBudget:
         request (by id()) keeps, and the seconds that saves, net; None where nothing pays.
 
         The batch ends when the request with the most tokens left to sample (R*) ends, so it
-        ends j steps sooner when every request i with R_i > R* - j gains R_i - R* + j tokens
-        (the geometric model: a_i to that power, independent), the others needing none. A
-        batch where one such request has no draft saves no step; its drafts are worth rows
-        (token_value)."""
+        ends j steps sooner when every request i with R_i > R* - j gains R_i - R* + j tokens,
+        the others needing none. A batch where one such request has no draft saves no step;
+        its drafts are worth rows (token_value). The chance of saving j steps is what
+        lockstep steps saved lately (`steps_chance`), not the product of each request's
+        chances: a batch's requests copy, or do not, together (eight rewrites), where eight
+        independent chances of a half would never try."""
         left = [r.params.max_new_tokens - len(r.output_ids) for r in live]
         top = max(left)
-        own = [bool(r.draft) and r.speculative_draft for r in live]
-        size = [len(r.draft) if o else 0 for r, o in zip(live, own)]
-        chance = [acceptance(r, self.prior) if o else 0.0 for r, o in zip(live, own)]
+        size = [len(r.draft) if r.draft and r.speculative_draft else 0 for r in live]
         step = float(self.cost.seconds(len(live)))
         before = float(self.cost.seconds(rows, drafted))
+        chances = self.steps_chance()
         saved, best_j, best_value = 0.0, 0, 0.0
         for j in range(1, self.max_tokens + 1):
             need = [max(0, n - top + j) for n in left]
             if any(k > s for k, s in zip(need, size)):
                 break
-            saved += math.prod(a**k for a, k in zip(chance, need) if k)
+            saved += chances[j - 1]
             extra = float(self.cost.seconds(rows + sum(need), True)) - before
             if saved * step - extra > best_value:
                 best_j, best_value = j, saved * step - extra
         if best_j == 0:
             return None
         return {id(r): max(0, n - top + best_j) for r, n in zip(live, left)}, best_value
+
+    def steps_chance(self) -> list[float]:
+        """By j (from 1): the chance a lockstep step ends the batch at least j steps sooner,
+        (saved + 1) / (tried + 2) over the lockstep steps lately that aimed at j or more (one
+        half before any), never above that of j - 1."""
+        n = self.max_tokens
+        tried = (self.together_tried + [0.0] * n)[:n]
+        saved = (self.together_saved + [0.0] * n)[:n]
+        chances = [(s + 1) / (t + 2) for s, t in zip(saved, tried)]
+        return list(itertools.accumulate(chances, min))
+
+    def score_lockstep(self) -> None:
+        """Count what the lockstep plan verified last did: for each j it aimed at, whether
+        every request that needed tokens for j steps got them."""
+        if self.pending is None:
+            return
+        plan, aim = self.pending
+        self.pending = None
+        top = max(n for _, n, _ in plan)
+        got = [(r.num_forced_tokens - base, n) for r, n, base in plan]
+        n = self.max_tokens
+        self.together_tried = (self.together_tried + [0.0] * n)[:n]
+        self.together_saved = (self.together_saved + [0.0] * n)[:n]
+        for j in range(1, aim + 1):
+            self.together_tried[j - 1] += 1
+            self.together_saved[j - 1] += all(g >= k - top + j for g, k in got)
 
     def length(self, req: Req) -> int:
         """The request's draft length, as if it alone drafted in a step that already verifies
@@ -350,6 +389,7 @@ class DraftBudget:
         """Keep of the step's speculative drafts the likeliest tokens that, together, save
         the most beyond what their rows and the draft step cost, and drop the rest (a draft
         is cut from its end). Constraint drafts stay: they are verified whatever the budget."""
+        self.score_lockstep()  # the last plan's drafts were verified in this step
         drafts = [r for r in reqs if r.draft and r.speculative_draft]
         if not drafts:
             return
@@ -364,11 +404,15 @@ class DraftBudget:
         keep, value = self._best(chances, rows, drafted, self.token_value)
         plan = self.lockstep_plan(live, rows, drafted) if self.in_lockstep(len(live)) else None
         if plan is not None and plan[1] > value:  # whole steps saved: each keeps its part
+            needs = plan[0]
             for r in drafts:
-                n = min(len(r.draft), plan[0].get(id(r), 0))
+                n = min(len(r.draft), needs.get(id(r), 0))
                 r.num_draft_tokens -= len(r.draft) - n
                 r.draft = r.draft[:n]
                 r.speculative_draft = bool(r.draft)
+            left = [(r, r.params.max_new_tokens - len(r.output_ids)) for r in live]
+            aim = max(needs.values())  # the j planned: what the request with most left needs
+            self.pending = [(r, n, r.num_forced_tokens) for r, n in left], aim
             return
         kept = Counter(i for _, i in tokens[:keep])
         for i, r in enumerate(drafts):

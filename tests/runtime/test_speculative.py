@@ -13,6 +13,7 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.sampling.params import SamplingParams
 from stemma.runtime.sampling.sampler import SamplingState
+from stemma.runtime.scheduler.batch import ScheduledBatch
 from stemma.runtime.scheduler.ngram import NGramIndex
 from stemma.runtime.scheduler.req import Req
 from stemma.runtime.scheduler.speculative import (
@@ -313,35 +314,66 @@ def test_a_batch_in_lockstep_keeps_the_drafts_that_save_it_whole_steps():
     rewrites), and one request without a draft leaves them worth their rows."""
     # 8 requests: a plain step 34 ms (30 + 0.5 a row), a draft step 20 ms more
     cost = fitted(0.030, 0.0005, 0.020)
-    budget = DraftBudget(max_tokens=7, cost=cost, batch_size=8, waiting=lambda: 0)
+
+    def fresh(batch_size: int = 8) -> DraftBudget:
+        return DraftBudget(max_tokens=7, cost=cost, batch_size=batch_size, waiting=lambda: 0)
 
     def batch(num: int, draft: int, ahead: int = 0) -> list[Req]:
-        reqs = [drafted(make_req([1, 2], [7] * ahead), draft) for _ in range(num)]
-        for r in reqs:
-            r.num_forced_tokens = 998  # a = 0.999
-        return reqs
+        return [drafted(make_req([1, 2], [7] * ahead), draft) for _ in range(num)]
 
-    # 4 sure tokens each: ~4 steps (136 ms) for 32 rows and the draft step (36 ms); as rows
-    # alone (0.5 ms a token) they would not pay
+    # nothing tried yet: each step saved at one half, so 4 tokens each save ~2 steps (68 ms)
+    # for 32 rows and the draft step (36 ms); as rows alone (0.5 ms a token) they would not pay
+    budget = fresh()
     good = batch(8, 4)
     budget.settle(good)
     assert [len(r.draft) for r in good] == [4] * 8
     assert all(r.num_draft_tokens == 4 and r.speculative_draft for r in good)
     one_short = [*batch(7, 4), make_req([1, 2])]  # the last has nothing to draft
+    budget = fresh()
     budget.settle(one_short)
     assert all(r.draft == [] and r.num_draft_tokens == 0 for r in one_short)
     # a request 3 tokens behind the others: its first 3 tokens each save a step alone; the
     # 4th saves one more only with a token from every other request
     behind, ahead = batch(1, 4), batch(3, 4, ahead=3)
-    budget.batch_size = 4
+    budget = fresh(batch_size=4)
     budget.settle([*behind, *ahead])
     assert len(behind[0].draft) == 4 and [len(r.draft) for r in ahead] == [1, 1, 1]
     assert sum(r.num_draft_tokens for r in (*behind, *ahead)) == 7
-    # unlikely drafts (a = 1/2 from nothing seen) save no step: 0.5^8 a step, far under 36 ms
-    unsure = [drafted(make_req([1, 2]), 4) for _ in range(8)]
-    budget.batch_size = 8
-    budget.settle(unsure)
-    assert all(r.draft == [] for r in unsure)
+
+
+def test_what_lockstep_steps_saved_decides_the_next_ones():
+    """The chance that a lockstep step saves j steps is what such steps saved lately: a batch
+    whose drafts all stood goes on drafting together, one whose drafts were refused stops,
+    and tries again once that evidence has faded (LOCKSTEP_DECAY a step)."""
+    budget = DraftBudget(7, fitted(0.030, 0.0005, 0.020), batch_size=8, waiting=lambda: 0)
+    assert budget.steps_chance() == [0.5] * 7
+
+    def step(stand: int) -> list[Req]:
+        """One lockstep step of 8 requests drafting 4 tokens: plan, then `stand` of each
+        request's tokens confirmed; returns the next step's drafts after settle."""
+        reqs = [drafted(make_req([1, 2]), 4) for _ in range(8)]
+        budget.settle(reqs)
+        for r in reqs:
+            r.num_forced_tokens += min(stand, len(r.draft))
+        nxt = [drafted(make_req([1, 2]), 4) for _ in range(8)]
+        budget.settle(nxt)  # scores the step before, then plans this one
+        return nxt
+
+    assert all(len(r.draft) == 4 for r in step(stand=4))
+    assert budget.steps_chance()[:4] == [pytest.approx(2 / 3)] * 4
+    budget.pending = None
+    for _ in range(6):  # every draft refused: the batch saved nothing
+        step(stand=0)
+        budget.pending = None
+    assert budget.steps_chance()[0] <= 0.25  # 2 / 8: it stopped trying after 4 refusals
+    assert all(r.draft == [] for r in step(stand=0))
+    # some steps later the counts have faded, so the batch tries again
+    for _ in range(1500):
+        budget.observe(ScheduledBatch(reqs=[], num_new=[], is_prefill=[]), 0.0)
+    assert budget.steps_chance()[0] > 0.45
+    reqs = [drafted(make_req([1, 2]), 4) for _ in range(8)]
+    budget.settle(reqs)
+    assert all(len(r.draft) == 4 for r in reqs)
 
 
 def test_a_draft_that_crosses_into_a_stair_of_the_int4_kernel_runs_to_its_end():
@@ -587,7 +619,6 @@ def test_a_step_that_compiled_is_no_measure_of_step_cost():
     """A step during which Dynamo compiled a graph (the first batch of a new size: seconds)
     does not enter the fit; the count is Dynamo's own."""
     from stemma.runtime.engine_core import graphs_compiled
-    from stemma.runtime.scheduler.batch import ScheduledBatch
 
     budget = DraftBudget(max_tokens=7, cost=StepCost())
     batch = ScheduledBatch(reqs=[make_req([1, 2])], is_prefill=[False], num_new=[1])
