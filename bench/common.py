@@ -283,3 +283,12 @@ def bench_parser(doc: str | None, dtype: str = "auto") -> argparse.ArgumentParse
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default=dtype)
     return p
+
+
+def add_decode_rounds(p: argparse.ArgumentParser, batches: str) -> None:
+    """The options of a decode A/B over rounds: --batches, --new, --rounds and --prompt
+    (random 32-token prompts, or chat requests to repeat a paragraph: the rewrite case)."""
+    p.add_argument("--batches", default=batches)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--prompt", choices=["random", "rewrite"], default="random")

@@ -35,6 +35,7 @@ from ..runtime.executor.compiled import directory_mb
 from ..runtime.models.loader import default_cache_dir
 from .common import (
     EngineProcess,
+    add_decode_rounds,
     append_results,
     bench_parser,
     interleaved_times,
@@ -100,10 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--candidate", required=True, help="engine options as a JSON object")
     p.add_argument("--baseline", default="{}", help="options of both engines, as JSON")
     p.add_argument("--quantization", default=None)
-    p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--new", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--prompt", choices=["random", "rewrite"], default="random")
+    add_decode_rounds(p, batches="1,8,32")
     args = p.parse_args(argv)
     candidate = json.loads(args.candidate)
     # An empty engine cache whose converted models are the default one's: a cold compile.

@@ -28,7 +28,13 @@ import random
 import time
 from typing import Any
 
-from .common import append_results, bench_parser, paired_speedup, print_table
+from .common import (
+    add_decode_rounds,
+    append_results,
+    bench_parser,
+    paired_speedup,
+    print_table,
+)
 from .config_ab import PARAGRAPH
 
 
@@ -45,10 +51,7 @@ def prompts(engine: Any, kind: str, batch: int, r: int, rng: random.Random) -> d
 def main(argv: list[str] | None = None) -> None:
     p = bench_parser(__doc__)
     p.add_argument("--engine", default="{}", help="more engine options, as JSON")
-    p.add_argument("--batches", default="1,8,32,64")
-    p.add_argument("--new", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--prompt", choices=["random", "rewrite"], default="random")
+    add_decode_rounds(p, batches="1,8,32,64")
     args = p.parse_args(argv)
     options = json.loads(args.engine)
     if not isinstance(options, dict):
