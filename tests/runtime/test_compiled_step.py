@@ -17,7 +17,7 @@ from stemma.runtime.config import EngineConfig
 from stemma.runtime.engine import Engine
 from stemma.runtime.engine_core import graphs_compiled
 from stemma.runtime.executor import compiled, decode_graph
-from stemma.runtime.scheduler.speculative import StepCost
+from stemma.runtime.scheduler.step_cost import StepCost
 from torch._dynamo.utils import counters
 
 from .families import build_family

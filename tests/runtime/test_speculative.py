@@ -20,9 +20,9 @@ from stemma.runtime.scheduler.speculative import (
     EVIDENCE_HALF_LIFE,
     DraftBudget,
     NGramDraft,
-    StepCost,
     acceptance,
 )
+from stemma.runtime.scheduler.step_cost import StepCost
 
 PARAGRAPH = (
     "The old lighthouse stood at the edge of the cliff for more than a century. Every night "
