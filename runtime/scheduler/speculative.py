@@ -94,9 +94,13 @@ class DraftBudget:
     # Lockstep steps lately (decayed by LOCKSTEP_DECAY a step): by j, how many aimed to end
     # the batch at least j steps sooner and how many did; and the plan verified next, as
     # (request, tokens it had left, its tokens confirmed so far) and the steps it aimed at
-    together_tried: list[float] = field(default_factory=list)
-    together_saved: list[float] = field(default_factory=list)
+    together_tried: list[float] = field(init=False)
+    together_saved: list[float] = field(init=False)
     pending: tuple[list[tuple[Req, int, int]], int] | None = None
+
+    def __post_init__(self) -> None:
+        self.together_tried = [0.0] * self.max_tokens
+        self.together_saved = [0.0] * self.max_tokens
 
     def learn(self, stood: bool) -> None:
         """One speculative draft token verified: whether it stood."""
@@ -175,10 +179,11 @@ class DraftBudget:
         return bool(np.any(j * step > extra))
 
     def lockstep_plan(
-        self, live: list[Req], rows: int, drafted: bool
-    ) -> tuple[dict[int, int], float] | None:
-        """Drafts that shorten a batch in lockstep by whole steps: how many tokens each
-        request (by id()) keeps, and the seconds that saves, net; None where nothing pays.
+        self, live: list[Req], left: list[int], rows: int, drafted: bool
+    ) -> tuple[int, float] | None:
+        """Drafts that shorten a batch in lockstep by whole steps (`left`: each live
+        request's tokens left to sample): the steps j to save, and the seconds that saves,
+        net; None where nothing pays.
 
         The batch ends when the request with the most tokens left to sample (R*) ends, so it
         ends j steps sooner when every request i with R_i > R* - j gains R_i - R* + j tokens,
@@ -187,7 +192,6 @@ class DraftBudget:
         lockstep steps saved lately (`steps_chance`), not the product of each request's
         chances: a batch's requests copy, or do not, together (eight rewrites), where eight
         independent chances of a half would never try."""
-        left = [r.params.max_new_tokens - len(r.output_ids) for r in live]
         top = max(left)
         size = [len(r.draft) if r.draft and r.speculative_draft else 0 for r in live]
         step = float(self.cost.seconds(len(live)))
@@ -202,18 +206,14 @@ class DraftBudget:
             extra = float(self.cost.seconds(rows + sum(need), True)) - before
             if saved * step - extra > best_value:
                 best_j, best_value = j, saved * step - extra
-        if best_j == 0:
-            return None
-        return {id(r): max(0, n - top + best_j) for r, n in zip(live, left)}, best_value
+        return (best_j, best_value) if best_j else None
 
     def steps_chance(self) -> list[float]:
         """By j (from 1): the chance a lockstep step ends the batch at least j steps sooner,
         (saved + 1) / (tried + 2) over the lockstep steps lately that aimed at j or more (one
         half before any), never above that of j - 1."""
-        n = self.max_tokens
-        tried = (self.together_tried + [0.0] * n)[:n]
-        saved = (self.together_saved + [0.0] * n)[:n]
-        chances = [(s + 1) / (t + 2) for s, t in zip(saved, tried)]
+        pairs = zip(self.together_saved, self.together_tried)
+        chances = [(s + 1) / (t + 2) for s, t in pairs]
         return list(itertools.accumulate(chances, min))
 
     def score_lockstep(self) -> None:
@@ -225,9 +225,6 @@ class DraftBudget:
         self.pending = None
         top = max(n for _, n, _ in plan)
         got = [(r.num_forced_tokens - base, n) for r, n, base in plan]
-        n = self.max_tokens
-        self.together_tried = (self.together_tried + [0.0] * n)[:n]
-        self.together_saved = (self.together_saved + [0.0] * n)[:n]
         for j in range(1, aim + 1):
             self.together_tried[j - 1] += 1
             self.together_saved[j - 1] += all(g >= k - top + j for g, k in got)
@@ -277,23 +274,27 @@ class DraftBudget:
         chances = np.array([p for p, _ in tokens])
         rows, drafted = len(live) + forced, forced > 0
         keep, value = self._best(chances, rows, drafted, self.token_value)
-        plan = self.lockstep_plan(live, rows, drafted) if self.in_lockstep(len(live)) else None
-        if plan is not None and plan[1] > value:  # whole steps saved: each keeps its part
-            needs = plan[0]
-            for r in drafts:
-                n = min(len(r.draft), needs.get(id(r), 0))
-                r.num_draft_tokens -= len(r.draft) - n
-                r.draft = r.draft[:n]
-                r.speculative_draft = bool(r.draft)
-            left = [(r, r.params.max_new_tokens - len(r.output_ids)) for r in live]
-            aim = max(needs.values())  # the j planned: what the request with most left needs
-            self.pending = [(r, n, r.num_forced_tokens) for r, n in left], aim
-            return
+        if self.in_lockstep(len(live)):
+            left = [r.params.max_new_tokens - len(r.output_ids) for r in live]
+            plan = self.lockstep_plan(live, left, rows, drafted)
+            if plan is not None and plan[1] > value:  # whole steps saved: each keeps its part
+                j, top = plan[0], max(left)
+                needs = {id(r): max(0, n - top + j) for r, n in zip(live, left)}
+                for r in drafts:
+                    _cut(r, needs.get(id(r), 0))
+                self.pending = [(r, n, r.num_forced_tokens) for r, n in zip(live, left)], j
+                return
         kept = Counter(i for _, i in tokens[:keep])
         for i, r in enumerate(drafts):
-            r.num_draft_tokens -= len(r.draft) - kept[i]
-            r.draft = r.draft[: kept[i]]
-            r.speculative_draft = bool(r.draft)
+            _cut(r, kept[i])
+
+
+def _cut(req: Req, keep: int) -> None:
+    """Keep the first `keep` tokens of the request's speculative draft."""
+    keep = min(keep, len(req.draft))
+    req.num_draft_tokens -= len(req.draft) - keep
+    req.draft = req.draft[:keep]
+    req.speculative_draft = bool(req.draft)
 
 
 def acceptance(req: Req, prior: float = 0.5) -> float:
