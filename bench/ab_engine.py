@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import append_results, bench_parser, git_commit, print_table
+from .common import REWRITE_ASK, append_results, bench_parser, git_commit, print_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,20 +38,14 @@ import json, random, sys, time
 from stemma.runtime.engine import Engine
 
 engine = Engine(sys.argv[1], dtype=sys.argv[2], kv_cache_mb=1024, **json.loads(sys.argv[3]))
+REWRITE_ASK = sys.argv[4]  # the parent's: the baseline's tree may not have it
 rng = random.Random(0)
-PARAGRAPH = (
-    "The old lighthouse stood at the edge of the cliff for more than a century. Every night its "
-    "lamp turned slowly, sweeping a pale beam across the black water, warning ships away from "
-    "the rocks below. The keeper climbed the narrow stairs each evening to trim the wick and "
-    "polish the great lens, and wrote every storm and every passing ship into his log book."
-)
 
 def prompts(n, length):
     return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(n)]
 
 def rewrites(n):
-    ask = "Repeat this paragraph word for word.\n\n" + PARAGRAPH
-    chats = [[{"role": "user", "content": f"({i}) {ask}"}] for i in range(n)]
+    chats = [[{"role": "user", "content": f"({i}) {REWRITE_ASK}"}] for i in range(n)]
     return [engine.apply_chat_template(c) for c in chats]
 
 def run(ids, new):
@@ -108,7 +102,7 @@ class Side:
         if not link.exists():
             link.symlink_to(tree)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, model, dtype, options],
+            [sys.executable, "-c", WORKER, model, dtype, options, REWRITE_ASK],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

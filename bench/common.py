@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff for more than a century. Every night its "
+    "lamp turned slowly, sweeping a pale beam across the black water, warning ships away from "
+    "the rocks below. The keeper climbed the narrow stairs each evening to trim the wick and "
+    "polish the great lens, and wrote every storm and every passing ship into his log book."
+)
+REWRITE_ASK = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"  # the rewrite case
 
 
 def git_commit() -> str:
@@ -292,3 +299,16 @@ def add_decode_rounds(p: argparse.ArgumentParser, batches: str) -> None:
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompt", choices=["random", "rewrite"], default="random")
+
+
+def round_prompts(
+    kind: str, batch: int, r: int, vocab_size: int, template: Callable, rng: Any
+) -> dict[str, Any]:
+    """One round's prompts, as generate's keyword arguments: random 32-token ones, or chat
+    requests (through `template`, the engine's apply_chat_template) to repeat a paragraph,
+    each marked with the round and its place so that no two share a cached answer."""
+    if kind == "random":
+        ids = [[rng.randrange(100, vocab_size) for _ in range(32)] for _ in range(batch)]
+        return {"input_ids": ids}
+    chats = [[{"role": "user", "content": f"({r}.{i}) {REWRITE_ASK}"}] for i in range(batch)]
+    return {"text": [template(c) for c in chats]}

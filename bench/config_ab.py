@@ -41,6 +41,7 @@ from .common import (
     interleaved_times,
     paired_speedup,
     print_table,
+    round_prompts,
     rss_mb,
 )
 
@@ -50,12 +51,6 @@ from stemma.runtime.engine import Engine
 with Engine(sys.argv[1], **json.loads(sys.argv[2])) as e:
     print(e.get_model_info()["torch_compile_s"])
 """
-PARAGRAPH = (
-    "The old lighthouse stood at the edge of the cliff for more than a century. Every night its "
-    "lamp turned slowly, sweeping a pale beam across the black water, warning ships away from "
-    "the rocks below. The keeper climbed the narrow stairs each evening to trim the wick and "
-    "polish the great lens, and wrote every storm and every passing ship into his log book."
-)
 
 
 def start_up(model: str, candidate: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
@@ -84,16 +79,6 @@ def share_verdicts(baseline_info: dict[str, Any], cache: Path) -> Path | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(kept, target)
     return target
-
-
-def round_prompts(kind: str, batch: int, r: int, engine: EngineProcess, rng: random.Random) -> dict:
-    """One round's prompts: random 32-token ones, or chat requests to repeat a paragraph."""
-    if kind == "random":
-        vocab = engine.attr("vocab_size")
-        return {"input_ids": [[rng.randrange(100, vocab) for _ in range(32)] for _ in range(batch)]}
-    ask = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"
-    chats = [[{"role": "user", "content": f"({r}.{i}) {ask}"}] for i in range(batch)]
-    return {"text": [engine.call("apply_chat_template", c) for c in chats]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,10 +119,17 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     rng = random.Random(0)
     base = engines["baseline"]
+    vocab = base.attr("vocab_size")
+
+    def template(chat: list[dict[str, str]]) -> str:
+        return base.call("apply_chat_template", chat)
+
     for batch in [int(b) for b in args.batches.split(",")]:
         # Every round its own prompts (the same for both engines), so that no round meets
         # the answers of an earlier one in the radix cache.
-        rounds = [round_prompts(args.prompt, batch, r, base, rng) for r in range(args.rounds)]
+        rounds = [
+            round_prompts(args.prompt, batch, r, vocab, template, rng) for r in range(args.rounds)
+        ]
         params = {"max_new_tokens": args.new, "temperature": 0, "ignore_eos": True}
         outs: dict[str, list] = {}
         calls = dict.fromkeys(engines, 0)

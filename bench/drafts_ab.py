@@ -34,18 +34,8 @@ from .common import (
     bench_parser,
     paired_speedup,
     print_table,
+    round_prompts,
 )
-from .config_ab import PARAGRAPH
-
-
-def prompts(engine: Any, kind: str, batch: int, r: int, rng: random.Random) -> dict[str, Any]:
-    """One round's prompts, as generate's keyword arguments."""
-    if kind == "random":
-        ids = [[rng.randrange(100, engine.vocab_size) for _ in range(32)] for _ in range(batch)]
-        return {"input_ids": ids}
-    ask = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"
-    chats = [[{"role": "user", "content": f"({r}.{i}) {ask}"}] for i in range(batch)]
-    return {"text": [engine.apply_chat_template(c) for c in chats]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,11 +64,11 @@ def main(argv: list[str] | None = None) -> None:
             # a first run of this batch size, untimed: its one-time costs (new shapes' kernels,
             # the K/V pool's first use) would fall on whichever side ran first
             engine.flush_cache()
-            engine.generate(
-                sampling_params=[params] * batch, **prompts(engine, args.prompt, batch, -1, rng)
-            )
+            vocab, template = engine.vocab_size, engine.apply_chat_template
+            first = round_prompts(args.prompt, batch, -1, vocab, template, rng)
+            engine.generate(sampling_params=[params] * batch, **first)
             for r in range(args.rounds):
-                kwargs = prompts(engine, args.prompt, batch, r, rng)
+                kwargs = round_prompts(args.prompt, batch, r, vocab, template, rng)
                 for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
                     engine.outputs.drafts[:] = sources if side == "on" else forced
                     engine.flush_cache()
