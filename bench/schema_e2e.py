@@ -4,11 +4,12 @@
 
 Each schema of the JSONSchemaBench sample that the llguidance backend accepts is asked for
 once, greedy, under its own json_schema with max_new_tokens 512, with early closing on and
-off (same engine, the two runs of a chunk interleaved). The prompt is the chat template over
-"Reply with a JSON value for this JSON schema:" and the schema's text (its first 3,000
-characters). An output counts when `jsonschema` validates it; failures are sorted by reason:
-cut at the length limit (not JSON), JSON that `jsonschema` refuses, aborted, or a schema
-`jsonschema` cannot resolve (not counted either way).
+off (same engine, the two runs of a chunk interleaved; `--early-closing on` or `off` runs
+one side only). The prompt is the chat template over "Reply with a JSON value for this JSON
+schema:" and the schema's text (its first 3,000 characters). An output counts when
+`jsonschema` validates it; failures are sorted by reason: cut at the length limit (not
+JSON), JSON that `jsonschema` refuses, aborted, or a schema `jsonschema` cannot resolve (not
+counted either way).
 Results: a table and JSON lines in bench/results/schema_e2e.jsonl.
 """
 
@@ -81,8 +82,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ..runtime.engine import Engine
 
     rows = accepted([json.loads(line) for line in args.data.open()][: args.limit][:: args.every])
-    verdicts: dict[bool, list[str]] = {True: [], False: []}
-    seconds = {True: 0.0, False: 0.0}
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.early_closing]
+    verdicts: dict[bool, list[str]] = {on: [] for on in modes}
+    seconds = {on: 0.0 for on in modes}
     with Engine(MODEL, dtype=args.dtype, grammar_backend="llguidance") as engine:
         prompts = [
             engine.apply_chat_template(
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         ]
         for start in range(0, len(rows), args.chunk):
             chunk = range(start, min(start + args.chunk, len(rows)))
-            for on in (True, False) if start % 2 == 0 else (False, True):
+            for on in modes if start % 2 == 0 else modes[::-1]:
                 params = [
                     {
                         "json_schema": json.dumps(rows[i]["schema"]),
@@ -111,14 +113,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 t = time.perf_counter()
                 verdicts[on] += generate(engine, [prompts[i] for i in chunk], params, rows, chunk)
                 seconds[on] += time.perf_counter() - t
-            done = len(verdicts[True])
-            print(
-                f"{done}/{len(rows)}: valid {verdicts[True].count('valid')} (closing on), "
-                f"{verdicts[False].count('valid')} (off)",
-                flush=True,
+            done = len(verdicts[modes[0]])
+            counts = ", ".join(
+                f"{verdicts[on].count('valid')} (closing {'on' if on else 'off'})" for on in modes
             )
+            print(f"{done}/{len(rows)}: valid {counts}", flush=True)
     results = []
-    for on in (True, False):
+    for on in modes:
         counts = Counter(verdicts[on])
         judged = len(rows) - sum(
             v for k, v in counts.items() if k.startswith("schema unresolvable")
@@ -148,6 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=32, help="requests per engine.generate")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument(
+        "--early-closing",
+        choices=["both", "on", "off"],
+        default="both",
+        help="run with early closing on and off (interleaved by chunk), or one of them",
+    )
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
     results = run(args)

@@ -1,0 +1,44 @@
+"""bench/schema_e2e.py: outputs judged by `jsonschema` and sorted by reason; `--early-closing
+on` runs only that side, and with it on, outputs of the built-in model end valid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stemma.bench import common, schema_e2e
+from stemma.bench.schema_e2e import verdict
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}}
+
+
+def out(text: str, finish: str = "stop") -> dict:
+    return {"text": text, "meta_info": {"finish_reason": {"type": finish}}}
+
+
+def test_verdicts_name_why_an_output_fails() -> None:
+    assert verdict(SCHEMA, out('{"n": 3}')) == "valid"
+    assert verdict(SCHEMA, out('{"n": 12}')) == "refused by jsonschema"
+    assert verdict(SCHEMA, out('{"n": 1', "length")) == "cut at the length limit"
+    assert verdict(SCHEMA, out('{"n": 1')) == "not JSON"
+    assert verdict(SCHEMA, out("", "abort")) == "aborted"
+
+
+def test_early_closing_on_alone_ends_every_output_valid(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    schemas = [
+        {
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "tags": {"type": "array"}},
+            "required": ["title", "tags"],
+        },
+        {"type": "array", "items": {"type": "string"}},
+    ]
+    data = tmp_path / "sample.jsonl"
+    data.write_text("".join(json.dumps({"schema": s, "tests": []}) + "\n" for s in schemas))
+    argv = ["--data", str(data), "--max-new-tokens", "24", "--early-closing", "on"]
+    schema_e2e.main([*argv, "--dtype", "float32"])
+    lines = (tmp_path / "schema_e2e.jsonl").read_text().splitlines()
+    (row,) = [json.loads(line) for line in lines]  # the "off" side did not run
+    assert row["early_closing"] is True and row["schemas"] == row["judged"] == 2
+    assert row["valid"] == 2, row["failures"]
