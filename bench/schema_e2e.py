@@ -7,9 +7,9 @@ once, greedy, under its own json_schema with max_new_tokens 512, with early clos
 off (same engine, the two runs of a chunk interleaved; `--early-closing on` or `off` runs
 one side only). The prompt is the chat template over "Reply with a JSON value for this JSON
 schema:" and the schema's text (its first 3,000 characters). An output counts when
-`jsonschema` validates it; failures are sorted by reason: cut at the length limit (not
-JSON), JSON that `jsonschema` refuses, aborted, or a schema `jsonschema` cannot resolve (not
-counted either way).
+`jsonschema` validates it; failures are sorted by reason (cut at the length limit: not JSON;
+JSON that `jsonschema` refuses; aborted; or a schema `jsonschema` cannot resolve, not
+counted either way), and each failed schema is named.
 Results: a table and JSON lines in bench/results/schema_e2e.jsonl.
 """
 
@@ -78,6 +78,17 @@ def generate(engine: Any, prompts: list[str], params: list[dict], rows: list, ch
     return [verdict(rows[i]["schema"], o) for i, o in zip(chunk, outs)]
 
 
+def failed_names(rows: list[dict[str, Any]], verdicts: list[str]) -> dict[str, list[str]]:
+    """By reason, the schemas whose output failed: `group/name` (the sample's fields), or
+    the schema's line among those run where the row has no name."""
+    failed: dict[str, list[str]] = {}
+    for i, (row, v) in enumerate(zip(rows, verdicts)):
+        if v != "valid":
+            name = f"{row['group']}/{row['name']}" if "name" in row else f"#{i}"
+            failed.setdefault(v, []).append(name)
+    return failed
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ..runtime.engine import Engine
 
@@ -132,6 +143,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "valid": counts["valid"],
                 "valid_pct": round(100 * counts["valid"] / max(judged, 1), 1),
                 "failures": {k: v for k, v in counts.items() if k != "valid"},
+                "failed": failed_names(rows, verdicts[on]),
                 "max_new_tokens": args.max_new_tokens,
                 "seconds": round(seconds[on], 1),
             }

@@ -42,3 +42,13 @@ def test_early_closing_on_alone_ends_every_output_valid(tmp_path: Path, monkeypa
     (row,) = [json.loads(line) for line in lines]  # the "off" side did not run
     assert row["early_closing"] is True and row["schemas"] == row["judged"] == 2
     assert row["valid"] == 2, row["failures"]
+    assert row["failed"] == {}
+
+
+def test_failed_schemas_are_named_by_reason() -> None:
+    rows = [{"group": "g", "name": "a.json"}, {"group": "g", "name": "b.json"}, {}]
+    verdicts = ["valid", "cut at the length limit", "refused by jsonschema"]
+    assert schema_e2e.failed_names(rows, verdicts) == {
+        "cut at the length limit": ["g/b.json"],
+        "refused by jsonschema": ["#2"],
+    }
