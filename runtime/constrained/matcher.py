@@ -8,6 +8,7 @@ to one thread.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 MAX_ROLLBACK = 1024  # tokens a Matcher can undo (jump-forward drafts are capped below this)
 
@@ -162,9 +165,14 @@ class Matcher:
 
 
 def fill_bitmask(
-    matchers: list[Matcher | None], vocab_size: int, out: torch.Tensor | None = None
+    matchers: list[Matcher | None],
+    vocab_size: int,
+    out: torch.Tensor | None = None,
+    errors: dict[int, str] | None = None,
 ) -> torch.Tensor:
-    """[B, ceil(vocab_size / 32)] int32 masks; a None row is all ones (unconstrained)."""
+    """[B, ceil(vocab_size / 32)] int32 masks; a None row is all ones (unconstrained).
+    errors: where given, a matcher that raises leaves its row all zeros (nothing allowed)
+    and its error here by row, so only its own request fails; otherwise the error rises."""
     import torch
 
     num_words = (vocab_size + 31) // 32
@@ -175,6 +183,15 @@ def fill_bitmask(
     words = out.numpy()  # numpy, not torch ops: no intra-op thread wake-ups per step
     words.fill(-1)
     for row, matcher in enumerate(matchers):
-        if matcher is not None:
+        if matcher is None:
+            continue
+        if errors is None:
             matcher.fill_mask(words, row)
+            continue
+        try:
+            matcher.fill_mask(words, row)
+        except Exception as e:  # noqa: BLE001 - this row's request fails; the others go on
+            log.exception("computing a constraint's mask failed")
+            words[row] = 0
+            errors[row] = f"{type(e).__name__}: {e}"
     return out

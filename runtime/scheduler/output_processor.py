@@ -127,9 +127,7 @@ class OutputProcessor:
         for i, (req, row) in enumerate(live):
             if i in dead:
                 drop_draft(req, r)
-                req.finish = FinishReason.abort(
-                    "no token is allowed: every logit was masked (constraint or bias)"
-                )
+                req.finish = FinishReason.abort(dead[i])
                 continue
             token = out.next_ids[i]
             confirmed = r < len(req.draft) and token == req.draft[r]
@@ -157,11 +155,15 @@ class OutputProcessor:
             req.finish = stop
 
     def sample(self, reqs: list[Req], logits: torch.Tensor):
-        """One sampler call over these rows, under their constraints' masks."""
+        """One sampler call over these rows, under their constraints' masks: the output, and
+        by row why a row failed (nothing allowed, or its constraint raised computing its
+        mask), so that only its request fails."""
         matchers = [r.grammar for r in reqs]
         bitmask = None
+        failed: dict[int, str] = {}  # rows whose mask raised: nothing allowed, so they fail
         if any(m is not None for m in matchers):
-            bitmask = fill_bitmask(matchers, self.sampler.vocab_size).to(logits.device)
+            vocab_size = self.sampler.vocab_size
+            bitmask = fill_bitmask(matchers, vocab_size, errors=failed).to(logits.device)
         # More top logprobs than the vocabulary holds are all of it (torch.topk would raise).
         vocab = logits.shape[-1]
         top_n = [
@@ -170,9 +172,10 @@ class OutputProcessor:
         try:
             want = any(r.logprob.return_logprob for r in reqs)
             out = self.sampler.sample(logits, [r.sampling for r in reqs], bitmask, top_n, want)
-            return out, set()
+            return out, {}
         except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
-            return e.output, set(e.row_idxs)
+            masked = "no token is allowed: every logit was masked (constraint or bias)"
+            return e.output, {i: failed.get(i, masked) for i in e.row_idxs}
 
     def record_input_logprobs(self, req: Req, plan: RowPlan, logits: torch.Tensor) -> None:
         """The logprob of each planned prompt position's next token, and its top list."""

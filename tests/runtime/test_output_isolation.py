@@ -131,3 +131,34 @@ def test_a_response_that_cannot_be_built_fails_its_request_not_the_engine(
     assert "cannot decode this one" in bad["meta_info"]["finish_reason"]["message"]
     assert good["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
     assert after["meta_info"]["completion_tokens"] >= 1
+
+
+def test_a_constraint_whose_mask_raises_fails_its_request_alone(
+    tiny_llama_dir, monkeypatch: pytest.MonkeyPatch
+):
+    """A matcher that raised while its mask was computed (early closing's search once failed
+    to roll back llguidance) failed the whole step: every request in it was aborted."""
+    from stemma.runtime.constrained.matcher import Matcher
+    from stemma.runtime.engine import Engine
+
+    real = Matcher.fill_mask
+
+    def fill_mask(self, bitmask, row=None):
+        if self.grammar.regex.startswith("(x|y)") and self.num_accepted == 2:
+            raise ValueError("cannot roll back 1 tokens")
+        return real(self, bitmask, row)
+
+    monkeypatch.setattr(Matcher, "fill_mask", fill_mask)
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with Engine(str(tiny_llama_dir), dtype="float32", max_total_tokens=256) as engine:
+        bad, good, plain = engine.generate(
+            input_ids=[*PROMPTS, PROMPTS[0]],
+            sampling_params=[{**params, "regex": "(x|y)+"}, {**params, "regex": "(a|b)+"}, params],
+        )
+        assert engine.memory_state()["invariant_ok"]
+    reason = bad["meta_info"]["finish_reason"]
+    assert reason == {"type": "abort", "message": "ValueError: cannot roll back 1 tokens"}
+    assert bad["meta_info"]["completion_tokens"] == 2 and set(bad["text"]) <= {"x", "y"}
+    assert good["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    assert good["meta_info"]["completion_tokens"] >= 1 and set(good["text"]) <= {"a", "b"}
+    assert plain["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
