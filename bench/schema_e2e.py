@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     print_table(results, ["early_closing", "schemas", "judged", "valid", "valid_pct", "seconds"])
     for r in results:
         print(f"early closing {'on' if r['early_closing'] else 'off'}: {r['failures']}")
+        for reason, names in r["failed"].items():
+            print(f"  {reason}: {', '.join(names)}")
     if not args.no_record:
         append_results("schema_e2e", results, data=args.data.name, every=args.every)
 

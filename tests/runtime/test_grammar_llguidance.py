@@ -207,6 +207,38 @@ def test_eos_is_allowed_exactly_in_final_states(ll_service: Any, smollm_tokenize
     assert m.is_terminated and m.is_finished() and not _allowed(m, vocab_size)
 
 
+# Strings under `not` of patterns that llguidance 1.9's lexer builds too many expressions for
+# (a real-world schema's pattern tests, cut down): it compiles, and fails a token in.
+LEXER_LIMIT = {
+    "type": "string",
+    "pattern": "[aA][12].*[zZ]",
+    "minLength": 10,
+    "maxLength": 90,
+    "not": {
+        "allOf": [
+            {"not": {"anyOf": [{"pattern": p} for p in ("^....$", "ab1", "b12")]}},
+            {"not": {"anyOf": [{"pattern": p} for p in ("^[\\w]*$", "\\d\\d", "[a|b]")]}},
+        ]
+    },
+}
+
+
+def test_a_grammar_that_fails_mid_way_says_why_it_cannot_roll_back(
+    ll_service: Any, smollm_tokenizer: Any
+) -> None:
+    """Early closing's search rolls back each token it tries; once llguidance failed (here its
+    lexer's limit), the rollback is refused, and the request's abort names the failure."""
+    m: LLGuidanceMatcher = _matcher(ll_service, ConstraintSpec.create(json_schema=LEXER_LIMIT))
+    (quote_brace,) = smollm_tokenizer.encode('"{')
+    m.accept_token(quote_brace)
+    _allowed(m, smollm_tokenizer.vocab_size)
+    assert m.error == (
+        "constraint failed after 1 tokens: lexer error: too many expressions constructed"
+    )
+    with pytest.raises(ValueError, match=r"cannot roll back 1 tokens \(constraint failed"):
+        m.rollback(1)
+
+
 @pytest.mark.parametrize("backend", ["outlines", "llguidance"])
 def test_constraint_api(backend: str) -> None:
     c = stemma.Constraint(choices=["yes", "no"], backend=backend)
