@@ -69,7 +69,7 @@ class LLGuidanceMatcher:
             if num_tokens > min(MAX_ROLLBACK, self.num_accepted) or not self._m.rollback(
                 num_tokens
             ):
-                why = f" ({self.error})" if self._m.is_error() else ""  # a lexer limit, say
+                why = f" ({error})" if (error := self.error) else ""  # a lexer limit, say
                 raise ValueError(f"cannot roll back {num_tokens} tokens{why}")
             self.num_accepted -= num_tokens
 

@@ -185,12 +185,11 @@ def fill_bitmask(
     for row, matcher in enumerate(matchers):
         if matcher is None:
             continue
-        if errors is None:
-            matcher.fill_mask(words, row)
-            continue
         try:
             matcher.fill_mask(words, row)
         except Exception as e:  # noqa: BLE001 - this row's request fails; the others go on
+            if errors is None:
+                raise
             log.exception("computing a constraint's mask failed")
             words[row] = 0
             errors[row] = f"{type(e).__name__}: {e}"
