@@ -28,6 +28,7 @@ be without early closing.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -151,14 +152,34 @@ def closing_path(
     tokens: ClosingTokens,
     tokenizer: Tokenizer,
     nesting: Nesting | None = None,
+    examples: Sequence[tuple[str, list[int]]] = (),
 ) -> list[int] | None:
     """A completion of at most `limit` tokens that makes `m` final, or None; `m` is left as
-    it was (each token tried is accepted, then rolled back). nesting: of the text so far."""
+    it was (each token tried is accepted, then rolled back). nesting: of the text so far.
+    examples: string contents (text, ids) tried whole inside a string that cannot close
+    there, once a string (pattern_example.py: what a `pattern` matches)."""
     path: list[int] = []
     budget = [MAX_SEARCH_TOKENS + 2 * limit]
     row = np.zeros((tokens.vocab_size + 31) // 32, dtype=np.int32)
 
-    def search(at: Nesting) -> bool:
+    def write(text: str, ids: list[int], at: Nesting) -> bool:
+        """Whether writing `ids` (when `m` takes them all) leads to a completion."""
+        taken = 0
+        for t in ids:
+            if not m.allows(t):
+                break
+            m.accept_token(t)
+            path.append(t)
+            taken += 1
+        budget[0] -= max(taken, 1)
+        if taken == len(ids) and len(path) <= limit and search(at.feed(text), True):
+            return True
+        del path[len(path) - taken :]
+        m.rollback(taken)
+        return False
+
+    def search(at: Nesting, written: bool = False) -> bool:
+        written = written and at.in_string  # an example is written once a string
         if m.is_final():
             return True
         if len(path) >= limit or budget[0] <= 0:
@@ -167,7 +188,7 @@ def closing_path(
         if forced:
             path.extend(forced)
             budget[0] -= len(forced)
-            if len(path) <= limit and search(at.feed(tokenizer.decode(forced))):
+            if len(path) <= limit and search(at.feed(tokenizer.decode(forced)), written):
                 return True
             del path[len(path) - len(forced) :]
             m.rollback(len(forced))
@@ -176,14 +197,22 @@ def closing_path(
         after = {t: at.feed(tokens.texts[t]) for t in options}
         recent = path[-RECENT:]
         # stable: the closing texts' priority, then token order, break ties
-        for t in sorted(options, key=lambda t: (after[t].open, t in recent)):
-            budget[0] -= 1
-            m.accept_token(t)
-            path.append(t)
-            if search(after[t]):
-                return True
-            path.pop()
-            m.rollback(1)
+        moves: list[Any] = sorted(options, key=lambda t: (after[t].open, t in recent))
+        if examples and at.in_string and not at.escaped and not written:
+            closing = sum(after[t].open < at.open for t in moves)  # those close the string
+            moves[closing:closing] = examples
+        for move in moves:
+            if isinstance(move, tuple):
+                if write(*move, at):
+                    return True
+            else:
+                budget[0] -= 1
+                m.accept_token(move)
+                path.append(move)
+                if search(after[move], written):
+                    return True
+                path.pop()
+                m.rollback(1)
             if budget[0] <= 0:
                 return False
         return False
@@ -198,9 +227,15 @@ class ClosingMatcher:
     """A request's matcher with early closing over a budget of `max_new_tokens` outputs."""
 
     def __init__(
-        self, inner: Any, max_new_tokens: int, tokens: ClosingTokens, tokenizer: Tokenizer
+        self,
+        inner: Any,
+        max_new_tokens: int,
+        tokens: ClosingTokens,
+        tokenizer: Tokenizer,
+        examples: Sequence[tuple[str, list[int]]] = (),
     ) -> None:
         self.inner, self.tokens, self.tokenizer = inner, tokens, tokenizer
+        self.examples = examples  # string contents the search tries whole (closing_path)
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
         self.max_new_tokens = max_new_tokens
         self.num_accepted = 0  # output tokens the constraint has taken (EOS not counted)
@@ -236,7 +271,9 @@ class ClosingMatcher:
             moved = depth > self.deepest
         if self.num_accepted < self.next_search and not moved:
             return
-        path = closing_path(self.inner, remaining, self.tokens, self.tokenizer, self.nesting[-1])
+        path = closing_path(
+            self.inner, remaining, self.tokens, self.tokenizer, self.nesting[-1], self.examples
+        )
         self.searched_depth, self.missed = depth, path is None
         self.deepest = max(self.deepest, depth)
         if path is None:  # tried again later and later: a miss costs its whole search budget

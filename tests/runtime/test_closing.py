@@ -5,12 +5,14 @@ where without it the output is cut; regex constraints and close_early=False are 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import numpy as np
 import pytest
 import stemma
 from stemma.runtime.constrained.closing import ClosingTokens, Nesting, closing_path
+from stemma.runtime.constrained.pattern_example import pattern_example, schema_examples
 from stemma.runtime.engine import Engine
 
 SCHEMA = {
@@ -118,6 +120,56 @@ def test_long_and_looping_completions_are_found(schema, prefix, closing_tokens) 
         m.accept_token(t)
     assert m.is_final()
     jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), schema)
+
+
+# A string under an unanchored pattern takes any character until its text holds a match: one
+# token at a time, the search wanders; it closes by writing the pattern's example whole.
+STAMPED = {
+    "type": "object",
+    "properties": {"at": {"type": "string", "pattern": r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}"}},
+    "required": ["at"],
+}
+
+
+def test_a_string_under_a_pattern_closes_by_writing_its_example(closing_tokens) -> None:
+    examples = schema_examples(json.dumps(STAMPED))
+    assert examples == ("0000-00-00 00:00",)
+    c = stemma.Constraint(json_schema=STAMPED, backend="llguidance")
+    prefix = '{"at":"1234567890,1234567890,'
+    pairs = [(text, c.tokenizer.encode(text)) for text in examples]
+    paths = {}
+    for name, moves in (("with", pairs), ("without", ())):
+        m = c.matcher().inner
+        for t in c.tokenizer.encode(prefix):
+            m.accept_token(t)
+        at = Nesting().feed(prefix)
+        paths[name] = path = closing_path(m, 60, closing_tokens, c.tokenizer, at, moves)
+        for t in path or ():
+            m.accept_token(t)
+        if path is not None:
+            assert m.is_final()
+            jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), STAMPED)
+    assert paths["without"] is None  # one token at a time, the budget runs out
+    assert paths["with"] is not None and len(paths["with"]) <= 20
+
+
+@pytest.mark.parametrize(
+    "pattern, example",
+    [
+        (r"\d{4}-\d{2}", "0000-00"),
+        ("^[a-z]+@[a-z]+\\.com$", "a@a.com"),
+        ("^(https?|ftp)://[^ ]+$", "ftp://a"),
+        ("^[^abc]{2,3}$", "00"),
+        ('^"\\\\$', '"\\'),
+        ("^$", None),  # nothing to write
+        ("(?=a)a", None),  # a lookahead: no example
+        ("^(a)\\1$", None),  # a backreference: ecma_regex gives no translation
+    ],
+)
+def test_pattern_examples_match_their_pattern(pattern, example) -> None:
+    assert pattern_example(pattern) == example
+    if example is not None:
+        assert re.search(pattern, example)
 
 
 @pytest.fixture(scope="module")
