@@ -8,7 +8,9 @@ and one token per character class, taking the grammar's forced text whole, tryin
 tokens that leave the fewest strings, arrays and objects open — `Nesting`, a JSON-text
 measure — then the closing tokens before the others, and a token that repeats one of the last
 few after the others, so that a digit run or a `{"type":{"type":...` recursion is not
-followed down to the limit). Once that completion is within MARGIN tokens of the budget, the
+followed down to the limit; and inside a string that cannot close yet, a `pattern`'s example
+whole, pattern_example.py, for an unanchored pattern lets every character through until the
+text holds a match). Once that completion is within MARGIN tokens of the budget, the
 mask allows only its next token, then only EOS. Before that it is the inner matcher
 unchanged: exact until it triggers.
 
