@@ -78,13 +78,15 @@ def generate(engine: Any, prompts: list[str], params: list[dict], rows: list, ch
     return [verdict(rows[i]["schema"], o) for i, o in zip(chunk, outs)]
 
 
-def failed_names(rows: list[dict[str, Any]], verdicts: list[str]) -> dict[str, list[str]]:
+def failed_names(
+    rows: list[dict[str, Any]], verdicts: list[str], start: int = 0
+) -> dict[str, list[str]]:
     """By reason, the schemas whose output failed: `group/name` (the sample's fields), or
-    the schema's line among those run where the row has no name."""
+    the schema's line among those run (`start` + its index here) where the row has no name."""
     failed: dict[str, list[str]] = {}
     for i, (row, v) in enumerate(zip(rows, verdicts)):
         if v != "valid":
-            name = f"{row['group']}/{row['name']}" if "name" in row else f"#{i}"
+            name = f"{row['group']}/{row['name']}" if "name" in row else f"#{start + i}"
             failed.setdefault(v, []).append(name)
     return failed
 
@@ -129,6 +131,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"{verdicts[on].count('valid')} (closing {'on' if on else 'off'})" for on in modes
             )
             print(f"{done}/{len(rows)}: valid {counts}", flush=True)
+            for on in modes:  # this chunk's failures, named as they happen
+                got = verdicts[on][chunk.start :]
+                for reason, names in failed_names(rows[chunk.start :], got, chunk.start).items():
+                    side = "on" if on else "off"
+                    print(f"  closing {side}, {reason}: {', '.join(names)}", flush=True)
     results = []
     for on in modes:
         counts = Counter(verdicts[on])

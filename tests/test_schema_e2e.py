@@ -52,3 +52,7 @@ def test_failed_schemas_are_named_by_reason() -> None:
         "cut at the length limit": ["g/b.json"],
         "refused by jsonschema": ["#2"],
     }
+    assert schema_e2e.failed_names(rows[1:], verdicts[1:], start=1) == {  # a chunk's
+        "cut at the length limit": ["g/b.json"],
+        "refused by jsonschema": ["#2"],
+    }
