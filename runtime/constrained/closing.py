@@ -46,6 +46,7 @@ MAX_SEARCH_TOKENS = 128  # tokens one search may try (accept + roll back), plus 
 # its limit: a completion of 100 tokens is not found in 128 tries if it takes any detour
 RETRY_AFTER = 32  # tokens before a search that found nothing is tried again (doubling)
 RECENT = 4  # a token among the last RECENT of the path is tried after the others
+EXAMPLE_CONTEXT = 64  # tokens of the path (and characters before it) a string's text is read from
 # Tried first, in this order: closers, then separators and the shortest JSON values.
 _CLOSING_TEXTS = ['"}', '"]', "}}", "]}", "}]", "]]", '"', "}", "]", ",", "0", '""', "null"]
 _CLOSING_TEXTS += ["false", "true", "[]", "{}", ":", "1", "a", "e", "x", "-", "."]
@@ -155,17 +156,23 @@ def closing_path(
     tokenizer: Tokenizer,
     nesting: Nesting | None = None,
     examples: Sequence[tuple[str, list[int]]] = (),
+    before: str = "",
 ) -> list[int] | None:
     """A completion of at most `limit` tokens that makes `m` final, or None; `m` is left as
     it was (each token tried is accepted, then rolled back). nesting: of the text so far.
     examples: string contents (text, ids) tried whole inside a string that cannot close
-    there, once a string (pattern_example.py: what a `pattern` matches)."""
+    there, once a string, each kept only where the string can close after it
+    (pattern_example.py: what a `pattern` matches); where the string's text so far ends with
+    the start of one (a prefix the grammar forced, say), its rest is tried first. before: the
+    end of the text so far."""
     path: list[int] = []
     budget = [MAX_SEARCH_TOKENS + 2 * limit]
     row = np.zeros((tokens.vocab_size + 31) // 32, dtype=np.int32)
+    quote = next((t for t in tokens.closing.tolist() if tokens.texts[t] == '"'), None)
 
     def write(text: str, ids: list[int], at: Nesting) -> bool:
-        """Whether writing `ids` (when `m` takes them all) leads to a completion."""
+        """Whether writing `ids` (when `m` takes them all and the string can close after
+        them) leads to a completion."""
         taken = 0
         for t in ids:
             if not m.allows(t):
@@ -174,14 +181,15 @@ def closing_path(
             path.append(t)
             taken += 1
         budget[0] -= max(taken, 1)
-        if taken == len(ids) and len(path) <= limit and search(at.feed(text), True):
+        closes = quote is None or m.allows(quote)
+        if taken == len(ids) and closes and len(path) <= limit and search(at.feed(text), True):
             return True
         del path[len(path) - taken :]
         m.rollback(taken)
         return False
 
-    def search(at: Nesting, written: bool = False) -> bool:
-        written = written and at.in_string  # an example is written once a string
+    def search(at: Nesting, tried: bool = False) -> bool:
+        tried = tried and at.in_string  # examples are tried once a string
         if m.is_final():
             return True
         if len(path) >= limit or budget[0] <= 0:
@@ -190,7 +198,7 @@ def closing_path(
         if forced:
             path.extend(forced)
             budget[0] -= len(forced)
-            if len(path) <= limit and search(at.feed(tokenizer.decode(forced)), written):
+            if len(path) <= limit and search(at.feed(tokenizer.decode(forced)), tried):
                 return True
             del path[len(path) - len(forced) :]
             m.rollback(len(forced))
@@ -200,9 +208,10 @@ def closing_path(
         recent = path[-RECENT:]
         # stable: the closing texts' priority, then token order, break ties
         moves: list[Any] = sorted(options, key=lambda t: (after[t].open, t in recent))
-        if examples and at.in_string and not at.escaped and not written:
+        if examples and at.in_string and not at.escaped and not tried:
             closing = sum(after[t].open < at.open for t in moves)  # those close the string
-            moves[closing:closing] = examples
+            moves[closing:closing] = _example_moves(examples, before, path, tokenizer)
+            tried = True
         for move in moves:
             if isinstance(move, tuple):
                 if write(*move, at):
@@ -211,7 +220,7 @@ def closing_path(
                 budget[0] -= 1
                 m.accept_token(move)
                 path.append(move)
-                if search(after[move], written):
+                if search(after[move], tried):
                     return True
                 path.pop()
                 m.rollback(1)
@@ -223,6 +232,35 @@ def closing_path(
     if found:
         m.rollback(len(path))
     return path if found else None
+
+
+def _example_moves(
+    examples: Sequence[tuple[str, list[int]]], before: str, path: list[int], tokenizer: Tokenizer
+) -> list[tuple[str, list[int]]]:
+    """The examples to try where a string stands, each as: the rest of it after the longest
+    start of it the string's text ends with (a prefix the grammar forced, say), the whole of
+    it, then its rests after each punctuation mark (what follows a part the output wrote its
+    own way: `iglu:abc` then `a/0` of `iglu:a/0`)."""
+    text = (before if len(path) <= EXAMPLE_CONTEXT else "") + tokenizer.decode(
+        path[-EXAMPLE_CONTEXT:]
+    )
+    content = text.rsplit('"', 1)[-1]  # the string's text so far (an escaped quote aside)
+    moves: dict[str, list[int]] = {}
+    for example, ids in examples:
+        longest = min(len(example) - 1, len(content))
+        start = next((k for k in range(longest, 0, -1) if content.endswith(example[:k])), 0)
+        if start:
+            moves.setdefault(example[start:], [])
+        moves.setdefault(example, ids)
+        for k in range(1, len(example)):
+            if not example[k - 1].isalnum():
+                moves.setdefault(example[k:], [])
+    return [(rest, ids or _ids(tokenizer, rest)) for rest, ids in moves.items()]
+
+
+@functools.lru_cache(maxsize=4096)
+def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text)
 
 
 class ClosingMatcher:
@@ -242,6 +280,7 @@ class ClosingMatcher:
         self.max_new_tokens = max_new_tokens
         self.num_accepted = 0  # output tokens the constraint has taken (EOS not counted)
         self.nesting = [Nesting()]  # after each accepted token: the text's open structure
+        self.texts: list[str] = []  # each accepted token's text
         self.path: list[int] | None = None  # the completion being forced, once triggered
         self.path_start = 0  # num_accepted when it was
         self.closed_early = False
@@ -273,8 +312,15 @@ class ClosingMatcher:
             moved = depth > self.deepest
         if self.num_accepted < self.next_search and not moved:
             return
+        before = "".join(self.texts[-EXAMPLE_CONTEXT:])[-EXAMPLE_CONTEXT:]
         path = closing_path(
-            self.inner, remaining, self.tokens, self.tokenizer, self.nesting[-1], self.examples
+            self.inner,
+            remaining,
+            self.tokens,
+            self.tokenizer,
+            self.nesting[-1],
+            self.examples,
+            before,
         )
         self.searched_depth, self.missed = depth, path is None
         self.deepest = max(self.deepest, depth)
@@ -308,12 +354,14 @@ class ClosingMatcher:
             text = self.tokens.texts.get(t)
             text = self.tokenizer.decode([t]) if text is None else text
             self.nesting.append(self.nesting[-1].feed(text))
+            self.texts.append(text)
         self.num_accepted += len(ids)
 
     def rollback(self, num_tokens: int) -> None:
         self.inner.rollback(num_tokens)
         self.num_accepted -= num_tokens
         del self.nesting[len(self.nesting) - num_tokens :]
+        del self.texts[len(self.texts) - num_tokens :]
         if self.path is not None and self.num_accepted < self.path_start:
             self.path, self.closed_early = None, False  # back before it was taken
 

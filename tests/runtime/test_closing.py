@@ -122,33 +122,41 @@ def test_long_and_looping_completions_are_found(schema, prefix, closing_tokens) 
     jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), schema)
 
 
-# A string under an unanchored pattern takes any character until its text holds a match: one
-# token at a time, the search wanders; it closes by writing the pattern's example whole.
-STAMPED = {
-    "type": "object",
-    "properties": {"at": {"type": "string", "pattern": r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}"}},
-    "required": ["at"],
-}
+# A string under a pattern it does not match yet: one token at a time the search wanders (an
+# unanchored pattern lets every character through until the text holds a match; an anchored
+# one loops on a character class); it closes by writing the pattern's example, whole or its rest.
+STAMPED = {"type": "string", "pattern": r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}"}
+IGLU = {"type": "string", "pattern": "^iglu:[a-z0-9_.-]+/[a-z]+/[0-9]+-[0-9]+$"}
 
 
-def test_a_string_under_a_pattern_closes_by_writing_its_example(closing_tokens) -> None:
-    examples = schema_examples(json.dumps(STAMPED))
-    assert examples == ("0000-00-00 00:00",)
-    c = stemma.Constraint(json_schema=STAMPED, backend="llguidance")
-    prefix = '{"at":"1234567890,1234567890,'
-    pairs = [(text, c.tokenizer.encode(text)) for text in examples]
+@pytest.mark.parametrize(
+    "string, prefix, example",
+    [
+        (STAMPED, '"1234567890,1234567890,', "0000-00-00 00:00"),
+        (IGLU, '"iglu:', "iglu:a/a/0-0"),  # the grammar forced "iglu:": its rest is written
+        (IGLU, '"iglu:com.acme_', "iglu:a/a/0-0"),  # the rest after ":"
+    ],
+)
+def test_a_string_under_a_pattern_closes_by_writing_its_example(
+    string, prefix, example, closing_tokens
+) -> None:
+    schema = {"type": "object", "properties": {"at": string}, "required": ["at"]}
+    prefix = '{"at":' + prefix
+    assert schema_examples(json.dumps(schema)) == (example,)
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    pairs = [(example, c.tokenizer.encode(example))]
     paths = {}
     for name, moves in (("with", pairs), ("without", ())):
         m = c.matcher().inner
         for t in c.tokenizer.encode(prefix):
             m.accept_token(t)
         at = Nesting().feed(prefix)
-        paths[name] = path = closing_path(m, 60, closing_tokens, c.tokenizer, at, moves)
+        paths[name] = path = closing_path(m, 60, closing_tokens, c.tokenizer, at, moves, prefix)
         for t in path or ():
             m.accept_token(t)
         if path is not None:
             assert m.is_final()
-            jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), STAMPED)
+            jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), schema)
     assert paths["without"] is None  # one token at a time, the budget runs out
     assert paths["with"] is not None and len(paths["with"]) <= 20
 
