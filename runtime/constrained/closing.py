@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -103,6 +103,7 @@ class ClosingTokens:
     vocab_size: int
     words: np.ndarray  # of the closing then the short tokens: each one's mask word
     shifts: np.ndarray  # and its bit in it
+    encoded: dict[str, list[int]] = field(default_factory=dict)  # `ids`' memo
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer) -> ClosingTokens:
@@ -137,6 +138,15 @@ class ClosingTokens:
         )
         return closing.tolist() + self.short[first].tolist()
 
+    def ids(self, tokenizer: Tokenizer, text: str) -> list[int]:
+        """`text`'s ids (a pattern example or its rest), remembered: searches ask again."""
+        ids = self.encoded.get(text)
+        if ids is None:
+            if len(self.encoded) >= 4096:
+                self.encoded.clear()
+            ids = self.encoded[text] = tokenizer.encode(text)
+        return ids
+
 
 def _char_class(text: str) -> int:
     """Digits, lower-case and upper-case letters and non-ASCII characters are one class each
@@ -155,12 +165,12 @@ def closing_path(
     tokens: ClosingTokens,
     tokenizer: Tokenizer,
     nesting: Nesting | None = None,
-    examples: Sequence[tuple[str, list[int]]] = (),
+    examples: Sequence[str] = (),
     before: str = "",
 ) -> list[int] | None:
     """A completion of at most `limit` tokens that makes `m` final, or None; `m` is left as
     it was (each token tried is accepted, then rolled back). nesting: of the text so far.
-    examples: string contents (text, ids) tried whole inside a string that cannot close
+    examples: string contents (JSON-escaped) tried whole inside a string that cannot close
     there, once a string, each kept only where the string can close after it
     (pattern_example.py: what a `pattern` matches); where the string's text so far ends with
     the start of one (a prefix the grammar forced, say), its rest is tried first. before: the
@@ -181,8 +191,8 @@ def closing_path(
             path.append(t)
             taken += 1
         budget[0] -= max(taken, 1)
-        closes = quote is None or m.allows(quote)
-        if taken == len(ids) and closes and len(path) <= limit and search(at.feed(text), True):
+        closes = taken == len(ids) and (quote is None or m.allows(quote))
+        if closes and len(path) <= limit and search(at.feed(text), True):
             return True
         del path[len(path) - taken :]
         m.rollback(taken)
@@ -210,7 +220,8 @@ def closing_path(
         moves: list[Any] = sorted(options, key=lambda t: (after[t].open, t in recent))
         if examples and at.in_string and not at.escaped and not tried:
             closing = sum(after[t].open < at.open for t in moves)  # those close the string
-            moves[closing:closing] = _example_moves(examples, before, path, tokenizer)
+            rests = _example_rests(examples, before, path, tokenizer)
+            moves[closing:closing] = [(rest, tokens.ids(tokenizer, rest)) for rest in rests]
             tried = True
         for move in moves:
             if isinstance(move, tuple):
@@ -234,9 +245,9 @@ def closing_path(
     return path if found else None
 
 
-def _example_moves(
-    examples: Sequence[tuple[str, list[int]]], before: str, path: list[int], tokenizer: Tokenizer
-) -> list[tuple[str, list[int]]]:
+def _example_rests(
+    examples: Sequence[str], before: str, path: list[int], tokenizer: Tokenizer
+) -> list[str]:
     """The examples to try where a string stands, each as: the rest of it after the longest
     start of it the string's text ends with (a prefix the grammar forced, say), the whole of
     it, then its rests after each punctuation mark (what follows a part the output wrote its
@@ -245,22 +256,17 @@ def _example_moves(
         path[-EXAMPLE_CONTEXT:]
     )
     content = text.rsplit('"', 1)[-1]  # the string's text so far (an escaped quote aside)
-    moves: dict[str, list[int]] = {}
-    for example, ids in examples:
+    rests: dict[str, None] = {}  # in order, once each
+    for example in examples:
         longest = min(len(example) - 1, len(content))
         start = next((k for k in range(longest, 0, -1) if content.endswith(example[:k])), 0)
         if start:
-            moves.setdefault(example[start:], [])
-        moves.setdefault(example, ids)
+            rests.setdefault(example[start:])
+        rests.setdefault(example)
         for k in range(1, len(example)):
             if not example[k - 1].isalnum():
-                moves.setdefault(example[k:], [])
-    return [(rest, ids or _ids(tokenizer, rest)) for rest, ids in moves.items()]
-
-
-@functools.lru_cache(maxsize=4096)
-def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text)
+                rests.setdefault(example[k:])
+    return list(rests)
 
 
 class ClosingMatcher:
@@ -272,7 +278,7 @@ class ClosingMatcher:
         max_new_tokens: int,
         tokens: ClosingTokens,
         tokenizer: Tokenizer,
-        examples: Sequence[tuple[str, list[int]]] = (),
+        examples: Sequence[str] = (),
     ) -> None:
         self.inner, self.tokens, self.tokenizer = inner, tokens, tokenizer
         self.examples = examples  # string contents the search tries whole (closing_path)

@@ -48,7 +48,6 @@ class OutputProcessor:
         self.drafts: list[DraftSource] = [ConstraintDraft(tokenizer)] if jump_forward else []
         self.budget = speculative  # prices the speculative drafts (speculative.py)
         self._closing_tokens: ClosingTokens | None = None  # built on first use
-        self._examples: dict[str, list[int]] = {}  # a pattern example's ids, by its text
 
     def matcher_for(self, req: Req, matcher: Any) -> Any:
         """The request's constraint matcher, with early closing where its params ask for it."""
@@ -57,19 +56,8 @@ class OutputProcessor:
         if self._closing_tokens is None:
             self._closing_tokens = ClosingTokens.from_tokenizer(self.tokenizer)
         budget = req.params.max_new_tokens
-        examples = [
-            (text, self._example_ids(text))
-            for text in schema_examples(req.params.json_schema or "{}")
-        ]
+        examples = schema_examples(req.params.json_schema or "{}")
         return ClosingMatcher(matcher, budget, self._closing_tokens, self.tokenizer, examples)
-
-    def _example_ids(self, text: str) -> list[int]:
-        ids = self._examples.get(text)
-        if ids is None:
-            if len(self._examples) >= 4096:
-                self._examples.clear()
-            ids = self._examples[text] = self.tokenizer.encode(text)
-        return ids
 
     # ---- after the forward ----------------------------------------------------------------
     def process(
