@@ -9,7 +9,9 @@ one side only). The prompt is the chat template over "Reply with a JSON value fo
 schema:" and the schema's text (its first 3,000 characters). An output counts when
 `jsonschema` validates it; failures are sorted by reason (cut at the length limit: not JSON;
 JSON that `jsonschema` refuses; aborted; or a schema `jsonschema` cannot resolve, not
-counted either way), and each failed schema is named.
+counted either way), and each failed schema is named. `--failures-out FILE` also writes
+each failed output (its text, finish reason and whether early closing completed it) as a
+JSON line, so a failure seen in a batch can be read without running it again.
 Results: a table and JSON lines in bench/results/schema_e2e.jsonl.
 """
 
@@ -63,19 +65,40 @@ def verdict(schema: Any, out: dict[str, Any]) -> str:
     return "valid" if not errors else "refused by jsonschema"
 
 
-def generate(engine: Any, prompts: list[str], params: list[dict], rows: list, chunk: range):
-    """Verdicts for one chunk; a request the engine refuses (a bound, say) is judged alone."""
+def generate(
+    engine: Any, prompts: list[str], params: list[dict], rows: list, chunk: range
+) -> list[tuple[str, dict[str, Any] | None]]:
+    """(verdict, output) for one chunk; a request the engine refuses (a bound, say) is judged
+    alone, with no output."""
     try:
         outs = engine.generate(prompts, params)
     except ValueError:
-        out = []
+        out: list[tuple[str, dict[str, Any] | None]] = []
         for prompt, p, i in zip(prompts, params, chunk):
             try:
-                out.append(verdict(rows[i]["schema"], engine.generate(prompt, p)))
+                one = engine.generate(prompt, p)
+                out.append((verdict(rows[i]["schema"], one), one))
             except ValueError as err:
-                out.append(f"refused by the engine: {str(err)[:60]}")
+                out.append((f"refused by the engine: {str(err)[:60]}", None))
         return out
-    return [verdict(rows[i]["schema"], o) for i, o in zip(chunk, outs)]
+    return [(verdict(rows[i]["schema"], o), o) for i, o in zip(chunk, outs)]
+
+
+def failure_line(row: dict[str, Any], on: bool, why: str, out: dict[str, Any] | None) -> str:
+    """One failed output as a JSON line (--failures-out)."""
+    meta = (out or {}).get("meta_info", {})
+    finish = meta.get("finish_reason") or {}
+    return json.dumps(
+        {
+            "name": f"{row.get('group')}/{row.get('name')}",
+            "early_closing": on,
+            "verdict": why,
+            "finish_reason": finish.get("type"),
+            "closed_early": bool(meta.get("closed_early")),
+            "completion_tokens": meta.get("completion_tokens"),
+            "text": None if out is None else out["text"],
+        }
+    )
 
 
 def failed_names(
@@ -98,6 +121,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.early_closing]
     verdicts: dict[bool, list[str]] = {on: [] for on in modes}
     seconds = {on: 0.0 for on in modes}
+    failures_out = None if args.failures_out is None else args.failures_out.open("w")
     with Engine(MODEL, dtype=args.dtype, grammar_backend="llguidance") as engine:
         prompts = [
             engine.apply_chat_template(
@@ -124,8 +148,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for i in chunk
                 ]
                 t = time.perf_counter()
-                verdicts[on] += generate(engine, [prompts[i] for i in chunk], params, rows, chunk)
+                judged = generate(engine, [prompts[i] for i in chunk], params, rows, chunk)
                 seconds[on] += time.perf_counter() - t
+                verdicts[on] += [why for why, _ in judged]
+                for i, (why, out) in zip(chunk, judged):
+                    if failures_out is not None and why != "valid":
+                        print(failure_line(rows[i], on, why, out), file=failures_out, flush=True)
             done = len(verdicts[modes[0]])
             counts = ", ".join(
                 f"{verdicts[on].count('valid')} (closing {'on' if on else 'off'})" for on in modes
@@ -136,6 +164,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for reason, names in failed_names(rows[chunk.start :], got, chunk.start).items():
                     side = "on" if on else "off"
                     print(f"  closing {side}, {reason}: {', '.join(names)}", flush=True)
+    if failures_out is not None:
+        failures_out.close()
     results = []
     for on in modes:
         counts = Counter(verdicts[on])
@@ -173,6 +203,9 @@ def main(argv: list[str] | None = None) -> None:
         choices=["both", "on", "off"],
         default="both",
         help="run with early closing on and off (interleaved by chunk), or one of them",
+    )
+    ap.add_argument(
+        "--failures-out", type=Path, default=None, help="write each failed output here (JSONL)"
     )
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)

@@ -45,6 +45,26 @@ def test_early_closing_on_alone_ends_every_output_valid(tmp_path: Path, monkeypa
     assert row["failed"] == {}
 
 
+def test_a_failed_output_is_written_whole(tmp_path: Path, monkeypatch) -> None:
+    """--failures-out: each failed output as a JSON line, with why it failed (a string of
+    200 characters takes more than 6 tokens: the output is cut)."""
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    schema = {"type": "array", "items": {"type": "string", "minLength": 200}, "minItems": 1}
+    data = tmp_path / "sample.jsonl"
+    data.write_text(json.dumps({"group": "g", "name": "a.json", "schema": schema}) + "\n")
+    failures = tmp_path / "failures.jsonl"
+    argv = ["--data", str(data), "--max-new-tokens", "6", "--early-closing", "off"]
+    schema_e2e.main([*argv, "--dtype", "float32", "--failures-out", str(failures)])
+    (row,) = [json.loads(line) for line in (tmp_path / "schema_e2e.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in failures.read_text().splitlines()]
+    assert row["valid"] == 0 and len(lines) == 1
+    for line in lines:
+        assert line["name"] == "g/a.json" and line["early_closing"] is False
+        assert line["verdict"] == "cut at the length limit" and line["finish_reason"] == "length"
+        assert line["completion_tokens"] == 6 and not line["closed_early"]
+        assert schema_e2e.verdict(schema, out(line["text"], "length")) == line["verdict"]
+
+
 def test_failed_schemas_are_named_by_reason() -> None:
     rows = [{"group": "g", "name": "a.json"}, {"group": "g", "name": "b.json"}, {}]
     verdicts = ["valid", "cut at the length limit", "refused by jsonschema"]
