@@ -24,6 +24,7 @@ import torch
 
 from .config import EngineConfig
 from .constrained.constraints import Constraints
+from .constrained.pattern_example import schema_examples
 from .constrained.service import default_grammar_cache_dir
 from .constrained.vocabulary import CompileLimits
 from .cpu_caches import HeapTrimmer, bound_onednn_caches
@@ -270,6 +271,8 @@ class Engine(EngineLoop):
         req = Req(item.rid, list(ids), p, state, item.logprob, namespace=item.namespace)
         req.stop = stop.matcher(self.tokenizer) if stop is not None else None
         req.grammar_handle = self.constraints.submit(p)
+        if p.closes_early and p.json_schema is not None:
+            req.closing_examples = schema_examples(p.json_schema)
         return req
 
     def _submit(self, request: GenerateRequest, reqs: list[Req], sink: Callable) -> None:

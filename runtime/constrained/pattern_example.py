@@ -88,24 +88,29 @@ def _write(tree: Any, groups: dict[int, str]) -> str:
             out.append("a")
         elif op is c.IN:
             out.append(_class_char(av))
-        elif op is c.BRANCH:
+        elif op is c.BRANCH:  # each branch written once (nested ones would double each level)
             written = []
             for branch in av[1]:
+                branch_groups = dict(groups)
                 try:
-                    written.append((len(_write(branch, dict(groups))), branch))
+                    written.append((_write(branch, branch_groups), branch_groups))
                 except _NoExample:
                     continue
             if not written:
                 raise _NoExample
-            shortest = min(written, key=lambda w: w[0])[1]
-            out.append(_write(shortest, groups))  # again: its groups are the ones kept
+            text, branch_groups = min(written, key=lambda w: len(w[0]))
+            groups.update(branch_groups)  # the groups of the branch taken
+            out.append(text)
         elif op is c.SUBPATTERN:
             text = _write(av[3], groups)
             if av[0] is not None:
                 groups[av[0]] = text
             out.append(text)
         elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
-            out.append(_write(av[2], groups) * av[0] if av[0] else "")
+            once = _write(av[2], groups) if av[0] else ""
+            if len(once) * av[0] > MAX_EXAMPLE_CHARS:  # checked before a{1000000000} is built
+                raise _NoExample
+            out.append(once * av[0])
         elif op is c.ATOMIC_GROUP:
             out.append(_write(av, groups))
         elif op is c.GROUPREF:

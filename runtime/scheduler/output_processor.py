@@ -17,7 +17,6 @@ import torch
 
 from ..constrained.closing import ClosingMatcher, ClosingTokens
 from ..constrained.matcher import fill_bitmask
-from ..constrained.pattern_example import schema_examples
 from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
 from ..tokenizer import Tokenizer
 from .batch import ScheduledBatch
@@ -56,8 +55,9 @@ class OutputProcessor:
         if self._closing_tokens is None:
             self._closing_tokens = ClosingTokens.from_tokenizer(self.tokenizer)
         budget = req.params.max_new_tokens
-        examples = schema_examples(req.params.json_schema or "{}")
-        return ClosingMatcher(matcher, budget, self._closing_tokens, self.tokenizer, examples)
+        return ClosingMatcher(
+            matcher, budget, self._closing_tokens, self.tokenizer, req.closing_examples
+        )
 
     # ---- after the forward ----------------------------------------------------------------
     def process(

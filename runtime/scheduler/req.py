@@ -100,6 +100,9 @@ class Req:
     num_decode_steps: int = 0  # forwards that sampled for this request (SGLang's spec_verify_ct)
     ngrams: NGramIndex | None = None  # its tokens' n-grams, for prompt lookup drafts
     stop: StopMatcher | None = None  # its stop strings and regexes over the decoded output
+    # strings its schema's patterns match, for early closing's search (pattern_example.py):
+    # found as the request is made, on the caller's thread, not the scheduler's
+    closing_examples: tuple[str, ...] = ()
 
     # Logprobs gathered so far: (logprob, token_id) and per-position top lists.
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)

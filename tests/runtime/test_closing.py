@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import tracemalloc
 
 import jsonschema
 import numpy as np
@@ -179,6 +180,35 @@ def test_pattern_examples_match_their_pattern(pattern, example) -> None:
         assert re.search(pattern, example)
 
 
+def test_nested_alternatives_are_each_written_once(monkeypatch) -> None:
+    """Work linear in the pattern: a branch is not written again once chosen, which would
+    double the work at each level of nesting ((((x|y0)|y1)|y2)...)."""
+    from stemma.runtime.constrained import pattern_example as module
+
+    calls = []
+    write = module._write
+    monkeypatch.setattr(module, "_write", lambda *a: calls.append(1) or write(*a))
+    pattern = "x"
+    for i in range(12):
+        pattern = f"({pattern}|y{i})"
+    assert module.pattern_example(pattern) == "x"
+    assert len(calls) < 100  # 2 ** 12 calls and more, before
+
+
+def test_a_long_repeat_gives_no_example_without_being_written() -> None:
+    """A repeat past the example's length is refused before the string is built: a pattern
+    such as a{100000000} costs no 100 MB."""
+    tracemalloc.start()
+    try:
+        assert pattern_example("^x(a{100000000})?b{3}$") == "xbbb"  # the optional part left out
+        assert pattern_example("^a{100000000}$") is None
+        assert pattern_example("^(ab{20}){20}$") is None  # 420 characters
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+
+
 @pytest.fixture(scope="module")
 def engine():
     with Engine("smollm2-135m", dtype="float32", kv_cache_mb=128) as e:
@@ -228,3 +258,25 @@ def test_regex_constraints_are_not_closed_early_unless_asked(engine) -> None:
     assert not out["text"].endswith("]")
     closed = engine.generate("Numbers: ", {**params, "close_early": True})
     assert closed["meta_info"]["closed_early"] is True and closed["text"].endswith("]")
+
+
+def test_an_unanchored_pattern_closes_through_its_example(engine) -> None:
+    """The request carries its schema's pattern examples from the caller's side (found as it
+    is made, not on the scheduler thread), and the search writes one to end the string: its
+    content may close only once it holds STAMPED (llguidance reads the pattern unanchored)."""
+    schema = {
+        "type": "object",
+        "properties": {"note": {"type": "string", "pattern": "STAMPED"}},
+        "required": ["note"],
+    }
+    params = {"json_schema": json.dumps(schema), "max_new_tokens": 40, "temperature": 0}
+    params |= {"logit_bias": _no_closing_brackets(engine), "grammar_backend": "llguidance"}
+    prompt = engine.apply_chat_template([{"role": "user", "content": "A note as JSON."}])
+    _, (req,) = engine._prepare(prompt, None, params, {})
+    assert req.closing_examples == ("STAMPED",)
+    out = engine.generate(prompt, params)
+    assert out["meta_info"]["closed_early"] is True
+    assert out["meta_info"]["completion_tokens"] <= 40
+    jsonschema.validate(json.loads(out["text"]), schema)
+    _, (plain,) = engine._prepare(prompt, None, {**params, "close_early": False}, {})
+    assert plain.closing_examples == ()  # not looked for where nothing closes early
