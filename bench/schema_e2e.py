@@ -10,8 +10,8 @@ schema:" and the schema's text (its first 3,000 characters). An output counts wh
 `jsonschema` validates it; failures are sorted by reason (cut at the length limit: not JSON;
 JSON that `jsonschema` refuses; aborted; or a schema `jsonschema` cannot resolve, not
 counted either way), and each failed schema is named. `--failures-out FILE` also writes
-each failed output (its text, finish reason and whether early closing completed it) as a
-JSON line, so a failure seen in a batch can be read without running it again.
+each failed output (its text and token ids, finish reason and whether early closing
+completed it) as a JSON line, so a failure seen in a batch can be read without running it again.
 Results: a table and JSON lines in bench/results/schema_e2e.jsonl.
 """
 
@@ -97,6 +97,7 @@ def failure_line(row: dict[str, Any], on: bool, why: str, out: dict[str, Any] | 
             "closed_early": bool(meta.get("closed_early")),
             "completion_tokens": meta.get("completion_tokens"),
             "text": None if out is None else out["text"],
+            "output_ids": None if out is None else out.get("output_ids"),
         }
     )
 

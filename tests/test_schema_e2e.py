@@ -61,7 +61,8 @@ def test_a_failed_output_is_written_whole(tmp_path: Path, monkeypatch) -> None:
     for line in lines:
         assert line["name"] == "g/a.json" and line["early_closing"] is False
         assert line["verdict"] == "cut at the length limit" and line["finish_reason"] == "length"
-        assert line["completion_tokens"] == 6 and not line["closed_early"]
+        assert line["completion_tokens"] == len(line["output_ids"]) == 6
+        assert not line["closed_early"]
         assert schema_e2e.verdict(schema, out(line["text"], "length")) == line["verdict"]
 
 
