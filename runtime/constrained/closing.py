@@ -22,9 +22,9 @@ the output is nested deeper than at any search before (a token that opens an obj
 required keys take a hundred tokens; a recursion searches once per level, each search about
 as long as the depth); after a miss, when a container closes or RETRY_AFTER tokens on, twice
 as long each time. MARGIN
-covers one token that lengthens the completion by several (a token that opens an object with
-required keys); a token that lengthens it by more can still leave the output cut, as it would
-be without early closing.
+covers one token that lengthens the completion by several; one that lengthens it by more (`},`
+starting another item with its required keys) is refused near the end, within GUARD tokens of
+the last completion found, where no completion fits after it (`_guard`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ MAX_SEARCH_TOKENS = 128  # tokens one search may try (accept + roll back), plus 
 # its limit: a completion of 100 tokens is not found in 128 tries if it takes any detour
 RETRY_AFTER = 32  # tokens before a search that found nothing is tried again (doubling)
 RECENT = 4  # a token among the last RECENT of the path is tried after the others
+GUARD = 16  # within this many tokens of the last completion found, a token that opens or
+# separates (`,` `{` `[`) is allowed only if a completion still fits after it
+MAX_GUARDED = 32  # such tokens checked at one step
 EXAMPLE_CONTEXT = 64  # tokens of the path (and characters before it) a string's text is read from
 # Tried first, in this order: closers, then separators and the shortest JSON values.
 _CLOSING_TEXTS = ['"}', '"]', "}}", "]}", "}]", "]]", '"', "}", "]", ",", "0", '""', "null"]
@@ -103,6 +106,8 @@ class ClosingTokens:
     vocab_size: int
     words: np.ndarray  # of the closing then the short tokens: each one's mask word
     shifts: np.ndarray  # and its bit in it
+    structural: np.ndarray  # per id: its text has a `,`, `{` or `[` (GUARD)
+    structural_texts: dict[int, str]  # and those tokens' texts
     encoded: dict[str, list[int]] = field(default_factory=dict)  # `ids`' memo
 
     @classmethod
@@ -120,7 +125,12 @@ class ClosingTokens:
         classes = np.array([_char_class(texts[t]) for t in short], dtype=np.int64)
         every = np.concatenate(ids)
         shifts = (every & 31).astype(np.uint32)
-        return cls(*ids, classes, kept, tokenizer.vocab_size, every >> 5, shifts)
+        opening = {t: text for t, text in texts.items() if set(text) & set(",{[")}
+        structural = np.zeros(tokenizer.vocab_size, dtype=bool)
+        structural[list(opening)] = True
+        return cls(
+            *ids, classes, kept, tokenizer.vocab_size, every >> 5, shifts, structural, opening
+        )
 
     def allowed(self, m: GrammarMatcher, row: np.ndarray) -> list[int]:
         """The closing tokens `m` allows, then its first allowed short token of each character
@@ -293,6 +303,7 @@ class ClosingMatcher:
         self.next_search = 0  # num_accepted at which to search again
         self.searched_depth = 0  # containers open at the last search
         self.missed = False  # the last search found no completion within the budget
+        self.found_length: int | None = None  # the last completion found, in tokens
         self.deepest = 0  # the most containers open at any search
         self.misses = 0  # searches that found nothing
 
@@ -329,6 +340,7 @@ class ClosingMatcher:
             before,
         )
         self.searched_depth, self.missed = depth, path is None
+        self.found_length = None if path is None else len(path)
         self.deepest = max(self.deepest, depth)
         if path is None:  # tried again later and later: a miss costs its whole search budget
             self.next_search = self.num_accepted + (RETRY_AFTER << min(self.misses, 4))
@@ -381,15 +393,57 @@ class ClosingMatcher:
     def fill_mask(self, bitmask: Any, row: int | None = None) -> None:
         self._maybe_close()
         rest = self._forced()
-        if rest is None:
-            self.inner.fill_mask(bitmask, row)
-            return
         words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
         target = words if row is None else words[row]
+        if rest is None:
+            self.inner.fill_mask(bitmask, row)
+            self._guard(target)
+            return
         target[:] = 0
         bits = target.view(np.uint32)
         for t in rest[:1] or sorted(self.eos_token_ids):
             bits[t // 32] |= np.uint32(1 << (t % 32))
+
+    def _guard(self, target: np.ndarray) -> None:
+        """Near the end of the budget (within GUARD tokens of the last completion found),
+        refuse each allowed token that opens or separates (`},` starting another item whose
+        required keys would not fit, say) after which no completion fits in the tokens left:
+        one token can lengthen the completion by more than MARGIN, and the output would be
+        cut. The other tokens, and all of them where none would be left, stay allowed."""
+        remaining = self.max_new_tokens - self.num_accepted
+        found = self.found_length
+        if found is None or self.missed or remaining - found > GUARD or remaining <= 1:
+            return
+        bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: self.tokens.vocab_size]
+        allowed = np.flatnonzero(bits)
+        at = self.nesting[-1]
+        candidates = [
+            t
+            for t in allowed[self.tokens.structural[allowed]].tolist()
+            if not at.in_string or '"' in self.tokens.structural_texts[t]
+        ][:MAX_GUARDED]
+        before = "".join(self.texts[-EXAMPLE_CONTEXT:])[-EXAMPLE_CONTEXT:]
+        refused = []
+        for t in candidates:
+            text = self.tokens.structural_texts[t]
+            self.inner.accept_token(t)
+            after = (before + text)[-EXAMPLE_CONTEXT:]
+            path = closing_path(
+                self.inner,
+                remaining - 1,
+                self.tokens,
+                self.tokenizer,
+                at.feed(text),
+                self.examples,
+                after,
+            )
+            self.inner.rollback(1)
+            if path is None:
+                refused.append(t)
+        if refused and len(refused) < len(allowed):
+            words = target.view(np.uint32)
+            for t in refused:
+                words[t // 32] &= ~np.uint32(1 << (t % 32))
 
     def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
         """The forced text, already accepted: the rest of the closing path once it is taken."""

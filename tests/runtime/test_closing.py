@@ -280,3 +280,49 @@ def test_an_unanchored_pattern_closes_through_its_example(engine) -> None:
     jsonschema.validate(json.loads(out["text"]), schema)
     _, (plain,) = engine._prepare(prompt, None, {**params, "close_early": False}, {})
     assert plain.closing_examples == ()  # not looked for where nothing closes early
+
+
+INVOICE = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "price": {"type": "number"},
+                    "quantity": {"type": "integer"},
+                },
+                "required": ["name", "price", "quantity"],
+            },
+        }
+    },
+    "required": ["items"],
+}
+
+
+def test_no_token_starts_an_item_that_would_not_fit(engine) -> None:
+    """`},` after an item's last value lengthens the shortest completion from 2 tokens to
+    more than a dozen at once (another item and its required keys), more than MARGIN covers:
+    near the end such a token is allowed only where a completion still fits after it. Every
+    budget from 34 to 47 ends valid (without the guard, 37 to 44 were cut)."""
+    vocab = engine.tokenizer.vocab_size
+    bias = {t: -100.0 for t in range(vocab) if "]" in engine.tokenizer.decode([t])}
+    prompt = engine.apply_chat_template([{"role": "user", "content": "An invoice as JSON."}])
+    budgets = range(34, 48)
+    params = [
+        {
+            "json_schema": json.dumps(INVOICE),
+            "max_new_tokens": n,
+            "temperature": 0,
+            "logit_bias": bias,
+            "grammar_backend": "llguidance",
+        }
+        for n in budgets
+    ]
+    outs = engine.generate([prompt] * len(params), params)
+    for n, out in zip(budgets, outs):
+        assert out["meta_info"]["completion_tokens"] <= n
+        jsonschema.validate(json.loads(out["text"]), INVOICE)
+    assert any(out["meta_info"].get("closed_early") for out in outs)
