@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from ..constrained.closing import ClosingMatcher, ClosingTokens
+from ..constrained.closing import ClosingMatcher
+from ..constrained.closing_search import ClosingTokens
 from ..constrained.matcher import fill_bitmask
 from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
 from ..tokenizer import Tokenizer

@@ -12,7 +12,7 @@ import jsonschema
 import numpy as np
 import pytest
 import stemma
-from stemma.runtime.constrained.closing import ClosingTokens, Nesting, closing_path
+from stemma.runtime.constrained.closing_search import ClosingTokens, Nesting, closing_path
 from stemma.runtime.constrained.pattern_example import pattern_example, schema_examples
 from stemma.runtime.engine import Engine
 
