@@ -14,10 +14,11 @@ taken, so a completion that grows with the output is followed in a few searches;
 the output is nested deeper than at any search before (a token that opens an object whose
 required keys take a hundred tokens; a recursion searches once per level, each search about
 as long as the depth); after a miss, when a container closes or RETRY_AFTER tokens on, twice
-as long each time. MARGIN
-covers one token that lengthens the completion by several; one that lengthens it by more (`},`
-starting another item with its required keys) is refused near the end, within GUARD tokens of
-the last completion found, where no completion fits after it (`_guard`).
+as long each time. MARGIN covers one token that lengthens the completion by several; one
+that lengthens it by more (`},` starting another item with its required keys, `{"` opening
+an object of a recursion) is refused within GUARD tokens of the last completion found, where
+no completion fits after it (`refuses`: asked of the token sampled, which the sampler then
+draws again without it).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ if TYPE_CHECKING:
 WINDOW = 1024  # remaining tokens at which the first completion is searched for
 MARGIN = 8  # how far ahead of the budget a found completion is taken
 RETRY_AFTER = 32  # tokens before a search that found nothing is tried again (doubling)
-GUARD = 16  # within this many tokens of the last completion found, a token that opens or
-# separates (`,` `{` `[`) is allowed only if a completion still fits after it
-MAX_GUARDED = 32  # such tokens checked at one step
+GUARD = 128  # within this many tokens of the last completion found, a token that opens or
+# separates (`,` `{` `[`) is taken only if a completion still fits after it (`refuses`)
+MAX_REFUSED = 32  # tokens refused so at one step, after which the sample stands
 
 
 class ClosingMatcher:
@@ -67,6 +68,8 @@ class ClosingMatcher:
         self.found_length: int | None = None  # the last completion found, in tokens
         self.deepest = 0  # the most containers open at any search
         self.misses = 0  # searches that found nothing
+        self.checked: tuple[int, int, list[int]] | None = None  # `refuses`' last completion:
+        # where it was asked (num_accepted), of which token, and the completion after it
 
     @property
     def error(self) -> str | None:
@@ -100,12 +103,19 @@ class ClosingMatcher:
             self._text_before(),
         )
         self.searched_depth, self.missed = depth, path is None
-        self.found_length = None if path is None else len(path)
         self.deepest = max(self.deepest, depth)
         if path is None:  # tried again later and later: a miss costs its whole search budget
+            self.found_length = None
             self.next_search = self.num_accepted + (RETRY_AFTER << min(self.misses, 4))
             self.misses += 1
             return
+        self._found(path)
+
+    def _found(self, path: list[int]) -> None:
+        """A completion from where the output stands: taken once it only just fits, else the
+        next search is due half way to that point."""
+        remaining = self.max_new_tokens - self.num_accepted
+        self.found_length = len(path)
         if len(path) + MARGIN >= remaining:
             self.path, self.path_start, self.closed_early = path, self.num_accepted, True
         else:
@@ -126,6 +136,13 @@ class ClosingMatcher:
         self.inner.accept_token(token_id)
         if token_id not in self.eos_token_ids:
             self._taken([token_id])
+            checked, self.checked = self.checked, None
+            if (
+                rest is None
+                and checked is not None
+                and checked[:2] == (self.num_accepted - 1, token_id)
+            ):
+                self._found(checked[2])  # `refuses` searched from here: no need to again
 
     def _taken(self, ids: list[int]) -> None:
         for t in ids:
@@ -140,6 +157,7 @@ class ClosingMatcher:
         self.num_accepted -= num_tokens
         del self.nesting[len(self.nesting) - num_tokens :]
         del self.texts[len(self.texts) - num_tokens :]
+        self.checked = None
         if self.path is not None and self.num_accepted < self.path_start:
             self.path, self.closed_early = None, False  # back before it was taken
 
@@ -155,7 +173,6 @@ class ClosingMatcher:
         rest = self._forced()
         if rest is None:
             self.inner.fill_mask(bitmask, row)
-            self._guard(bitmask, row)
             return
         target = _row(bitmask, row)
         target[:] = 0
@@ -167,31 +184,27 @@ class ClosingMatcher:
         """The end of the output's text, where a search reads a string's content from."""
         return "".join(self.texts[-EXAMPLE_CONTEXT:])[-EXAMPLE_CONTEXT:]
 
-    def _guard(self, bitmask: Any, row: int | None) -> None:
-        """Near the end of the budget (within GUARD tokens of the last completion found),
-        refuse each allowed token that opens or separates (`},` starting another item whose
-        required keys would not fit, say) after which no completion fits in the tokens left:
-        one token can lengthen the completion by more than MARGIN, and the output would be
-        cut. The other tokens, and all of them where none would be left, stay allowed."""
+    def refuses(self, token_id: int) -> bool:
+        """Whether the sampler should choose again without `token_id`: near the end of the
+        budget (within GUARD tokens of the last completion found), a token that opens or
+        separates (`},` starting another item whose required keys would not fit, `{"` opening
+        an object in a recursion) after which no completion fits in the tokens left. One
+        token can lengthen the completion by more than MARGIN, and the output would be cut.
+        Asked of the token sampled, not of every allowed one: the sampler masks a refused
+        token and samples again (OutputProcessor.sample), which draws from the mask with
+        every such token cleared, for one search a step instead of one a candidate."""
         remaining = self.max_new_tokens - self.num_accepted
         found = self.found_length
-        if found is None or self.missed or remaining - found > GUARD or remaining <= 1:
-            return
-        target = _row(bitmask, row)
-        bits = np.unpackbits(target.view(np.uint8), bitorder="little")[: self.tokens.vocab_size]
-        allowed = np.flatnonzero(bits)
+        if self.path is not None or found is None or self.missed:
+            return False
+        if remaining - found > GUARD or remaining <= 1 or not self.tokens.structural[token_id]:
+            return False
+        text = self.tokens.structural_texts[token_id]
         at = self.nesting[-1]
-        candidates = [
-            t
-            for t in allowed[self.tokens.structural[allowed]].tolist()
-            if not at.in_string or '"' in self.tokens.structural_texts[t]
-        ][:MAX_GUARDED]
-        before = self._text_before()
-        refused = []
-        for t in candidates:
-            text = self.tokens.structural_texts[t]
-            self.inner.accept_token(t)
-            after = (before + text)[-EXAMPLE_CONTEXT:]
+        if at.in_string and '"' not in text:
+            return False  # a string's own `,` / `{` / `[` characters
+        self.inner.accept_token(token_id)  # raises where the token is not allowed at all
+        try:
             path = closing_path(
                 self.inner,
                 remaining - 1,
@@ -199,15 +212,14 @@ class ClosingMatcher:
                 self.tokenizer,
                 at.feed(text),
                 self.examples,
-                after,
+                (self._text_before() + text)[-EXAMPLE_CONTEXT:],
             )
+        finally:
             self.inner.rollback(1)
-            if path is None:
-                refused.append(t)
-        if refused and len(refused) < len(allowed):
-            words = target.view(np.uint32)
-            for t in refused:
-                words[t // 32] &= ~np.uint32(1 << (t % 32))
+        if path is None:
+            return True
+        self.checked = (self.num_accepted, token_id, path)
+        return False
 
     def jump_forward(self, tokenizer: Tokenizer, *, stop_before_merge: bool = True) -> list[int]:
         """The forced text, already accepted: the rest of the closing path once it is taken."""

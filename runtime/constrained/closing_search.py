@@ -237,9 +237,11 @@ def _example_rests(
     examples: Sequence[str], before: str, path: list[int], tokenizer: Tokenizer
 ) -> list[str]:
     """The examples to try where a string stands, each as: the rest of it after the longest
-    start of it the string's text ends with (a prefix the grammar forced, say), the whole of
-    it, then its rests after each punctuation mark (what follows a part the output wrote its
-    own way: `iglu:abc` then `a/0` of `iglu:a/0`)."""
+    start of it the string's text ends with (a prefix the grammar forced, say), its rest
+    after as many characters as the string holds (`1234` then `aaaa-aaaa-1aaa-...` of a
+    UUID's example: a fixed-width format written in the output's own characters), the whole
+    of it, then its rests after each punctuation mark (what follows a part the output wrote
+    its own way: `iglu:abc` then `a/0` of `iglu:a/0`)."""
     text = (before if len(path) <= EXAMPLE_CONTEXT else "") + tokenizer.decode(
         path[-EXAMPLE_CONTEXT:]
     )
@@ -250,6 +252,8 @@ def _example_rests(
         start = next((k for k in range(longest, 0, -1) if content.endswith(example[:k])), 0)
         if start:
             rests.setdefault(example[start:])
+        if 0 < len(content) < len(example):  # its own characters in the example's places
+            rests.setdefault(example[len(content) :])
         rests.setdefault(example)
         for k in range(1, len(example)):
             if not example[k - 1].isalnum():

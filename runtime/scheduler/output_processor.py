@@ -13,9 +13,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..constrained.closing import ClosingMatcher
+from ..constrained.closing import MAX_REFUSED, ClosingMatcher
 from ..constrained.closing_search import ClosingTokens
 from ..constrained.matcher import fill_bitmask
 from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
@@ -162,23 +163,63 @@ class OutputProcessor:
         by row why a row failed (nothing allowed, or its constraint raised computing its
         mask), so that only its request fails."""
         matchers = [r.grammar for r in reqs]
-        bitmask = None
+        masks = None
         failed: dict[int, str] = {}  # rows whose mask raised: nothing allowed, so they fail
         if any(m is not None for m in matchers):
-            vocab_size = self.sampler.vocab_size
-            bitmask = fill_bitmask(matchers, vocab_size, errors=failed).to(logits.device)
+            masks = fill_bitmask(matchers, self.sampler.vocab_size, errors=failed)
         # More top logprobs than the vocabulary holds are all of it (torch.topk would raise).
         vocab = logits.shape[-1]
         top_n = [
             min(r.logprob.top_logprobs_num, vocab) if r.logprob.return_logprob else 0 for r in reqs
         ]
+        want = any(r.logprob.return_logprob for r in reqs)
+        states = [r.sampling for r in reqs]
+        bitmask = None if masks is None else masks.to(logits.device)
+        dead: dict[int, str] = {}
         try:
-            want = any(r.logprob.return_logprob for r in reqs)
-            out = self.sampler.sample(logits, [r.sampling for r in reqs], bitmask, top_n, want)
-            return out, {}
+            out = self.sampler.sample(logits, states, bitmask, top_n, want)
         except AllMaskedError as e:  # those rows fail; the rest of the batch goes on
             masked = "no token is allowed: every logit was masked (constraint or bias)"
-            return e.output, {i: failed.get(i, masked) for i in e.row_idxs}
+            out, dead = e.output, {i: failed.get(i, masked) for i in e.row_idxs}
+        if masks is not None:
+            self.sample_again(reqs, logits, masks, top_n, want, out, dead)
+        return out, dead
+
+    def sample_again(self, reqs, logits, masks, top_n, want, out, dead) -> None:
+        """Where early closing refuses the token sampled (ClosingMatcher.refuses: no
+        completion would fit after it), mask it and sample that row again, up to MAX_REFUSED
+        times: the draw is then the one the mask with every refused token cleared gives. A
+        row whose mask that leaves empty keeps its first token."""
+        rows = [
+            i for i, r in enumerate(reqs) if i not in dead and isinstance(r.grammar, ClosingMatcher)
+        ]
+        first: dict[int, tuple[int, float]] = {}
+        words = masks.numpy().view(np.uint32)
+        for _ in range(MAX_REFUSED):
+            rows = [i for i in rows if _refuses(reqs[i], out.next_ids[i])]
+            if not rows:
+                return
+            for i in rows:
+                t = out.next_ids[i]
+                first.setdefault(i, (t, out.logprobs[i]))
+                words[i, t // 32] &= ~np.uint32(1 << (t % 32))
+            at = torch.tensor(rows, dtype=torch.long)
+            try:
+                again = self.sampler.sample(
+                    logits[at.to(logits.device)],
+                    [reqs[i].sampling for i in rows],
+                    masks[at].to(logits.device),
+                    [top_n[i] for i in rows],
+                    want,
+                )
+                empty = set()
+            except AllMaskedError as e:
+                again, empty = e.output, set(e.row_idxs)
+            for j, i in enumerate(rows):
+                out.next_ids[i], out.logprobs[i] = (
+                    first[i] if j in empty else (again.next_ids[j], again.logprobs[j])
+                )
+            rows = [i for j, i in enumerate(rows) if j not in empty]
 
     def record_input_logprobs(self, req: Req, plan: RowPlan, logits: torch.Tensor) -> None:
         """The logprob of each planned prompt position's next token, and its top list."""
@@ -233,6 +274,16 @@ class OutputProcessor:
             assert spec is not None, "only requests with stops have a matcher"
             req.stop = spec.matcher(self.tokenizer)
         return req.stop
+
+
+def _refuses(req: Req, token: int) -> bool:
+    """Whether early closing refuses the token sampled; where asking raises, the token
+    stands, and taking it fails the request alone (failing_alone) rather than the batch."""
+    try:
+        return req.grammar.refuses(token)
+    except Exception:  # noqa: BLE001 - this request's own failure, met when it takes the token
+        log.exception("request %s: early closing could not check a token", req.rid)
+        return False
 
 
 def mark_closed_early(req: Req) -> None:

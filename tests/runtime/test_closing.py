@@ -4,17 +4,26 @@ where without it the output is cut; regex constraints and close_early=False are 
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import re
 import tracemalloc
+from types import SimpleNamespace
 
 import jsonschema
 import numpy as np
 import pytest
 import stemma
+import torch
+from stemma.runtime.constrained.closing import ClosingMatcher
 from stemma.runtime.constrained.closing_search import ClosingTokens, Nesting, closing_path
 from stemma.runtime.constrained.pattern_example import pattern_example, schema_examples
 from stemma.runtime.engine import Engine
+from stemma.runtime.sampling.params import SamplingParams
+from stemma.runtime.sampling.sampler import Sampler, SamplingState
+from stemma.runtime.scheduler.output_processor import OutputProcessor
+from stemma.runtime.scheduler.req import LogprobRequest
 
 SCHEMA = {
     "type": "object",
@@ -159,6 +168,31 @@ def test_a_string_under_a_pattern_closes_by_writing_its_example(
             jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), schema)
     assert paths["without"] is None  # one token at a time, the budget runs out
     assert paths["with"] is not None and len(paths["with"]) <= 20
+
+
+UUID = {
+    "type": "string",
+    "pattern": "^[a-f0-9]{8}-[a-f0-9]{4}-[1-5][a-f0-9]{3}-[89ab][a-f0-9]{3}-[a-f0-9]{12}$",
+}
+
+
+def test_a_fixed_width_string_closes_with_its_example_in_place(closing_tokens) -> None:
+    """Four digits of a UUID written: the example's rest after four characters closes it
+    (its rest after a `-` would put `8` where the third group needs 1-5)."""
+    schema = {"type": "object", "properties": {"id": UUID}, "required": ["id"]}
+    example = "aaaaaaaa-aaaa-1aaa-8aaa-aaaaaaaaaaaa"
+    assert schema_examples(json.dumps(schema)) == (example,)
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    m = c.matcher().inner
+    prefix = '{"id":"1234'
+    for t in c.tokenizer.encode(prefix):
+        m.accept_token(t)
+    path = closing_path(
+        m, 60, closing_tokens, c.tokenizer, Nesting().feed(prefix), [example], prefix
+    )
+    assert path is not None
+    assert c.tokenizer.decode(path) == example[4:] + '"}'
+    jsonschema.validate(json.loads(prefix + c.tokenizer.decode(path)), schema)
 
 
 @pytest.mark.parametrize(
@@ -326,3 +360,105 @@ def test_no_token_starts_an_item_that_would_not_fit(engine) -> None:
         assert out["meta_info"]["completion_tokens"] <= n
         jsonschema.validate(json.loads(out["text"]), INVOICE)
     assert any(out["meta_info"].get("closed_early") for out in outs)
+
+
+PEOPLE_KEYS = ("first_name", "last_name", "email", "city", "country", "phone")
+PEOPLE = {
+    "type": "object",
+    "properties": {
+        "people": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {k: {"type": "string"} for k in PEOPLE_KEYS},
+                "required": list(PEOPLE_KEYS),
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["people"],
+    "additionalProperties": False,
+}
+
+
+def test_no_item_starts_that_would_not_fit_far_from_the_end(engine) -> None:
+    """An item of six required keys lengthens the shortest completion by about 30 tokens at
+    once: `},` is refused wherever no completion fits after it, also when the budget's slack
+    is larger than a few tokens, so the model closes the array itself. Without that
+    (refusing only within 16 tokens of the last completion found), each of these budgets
+    was cut."""
+    vocab = engine.tokenizer.vocab_size
+    bias = {t: -100.0 for t in range(vocab) if "]" in engine.tokenizer.decode([t])}
+    prompt = engine.apply_chat_template([{"role": "user", "content": "A list of people as JSON."}])
+    budgets = [70, 74, 78, 82, 116, 120, 124, 128, 132]
+    params = [
+        {
+            "json_schema": json.dumps(PEOPLE),
+            "max_new_tokens": n,
+            "temperature": 0,
+            "logit_bias": bias,
+            "grammar_backend": "llguidance",
+        }
+        for n in budgets
+    ]
+    outs = engine.generate([prompt] * len(params), params)
+    for n, out in zip(budgets, outs):
+        assert out["meta_info"]["completion_tokens"] <= n
+        jsonschema.validate(json.loads(out["text"]), PEOPLE)
+
+
+class _Refusing(ClosingMatcher):
+    """Early closing's veto alone, over a mask that allows `allowed`: refuses `refused`."""
+
+    def __init__(self, allowed: set[int], refused: set[int]) -> None:
+        self.allowed, self.refused, self.asked = allowed, refused, []
+
+    def fill_mask(self, bitmask, row=None) -> None:
+        words = bitmask[row].view(np.uint32)
+        words[:] = 0
+        for t in self.allowed:
+            words[t // 32] |= np.uint32(1 << (t % 32))
+
+    def refuses(self, token_id: int) -> bool:
+        self.asked.append(token_id)
+        return token_id in self.refused
+
+
+def _sampled(matchers, logits, temperature=0.0, seed=None) -> list[int]:
+    vocab = logits.shape[-1]
+    eos = frozenset({0})
+    processor = OutputProcessor(SimpleNamespace(eos_token_ids=eos), Sampler(vocab, eos), 64)
+    params = SamplingParams(temperature=temperature, seed=seed)
+    reqs = [
+        SimpleNamespace(
+            grammar=m,
+            sampling=SamplingState.create(params, [], vocab),
+            logprob=LogprobRequest(),
+        )
+        for m in matchers
+    ]
+    out, dead = processor.sample(reqs, logits)
+    assert dead == {}
+    return out.next_ids
+
+
+def test_a_refused_token_is_sampled_again_without_it() -> None:
+    """Greedy: the best token early closing does not refuse; a row whose every allowed token
+    is refused keeps its first choice; a row without early closing is not asked."""
+    logits = torch.tensor([[0.0, 5.0, 4.0, 3.0, 2.0, 1.0]] * 3)
+    picky = _Refusing({1, 2, 3, 4}, {1, 2})
+    stuck = _Refusing({1, 2}, {1, 2})
+    assert _sampled([picky, stuck, None], logits) == [3, 1, 1]
+    assert picky.asked == [1, 2, 3] and stuck.asked == [1, 2]
+
+
+def test_a_refused_token_leaves_the_others_drawn_as_the_mask_gives() -> None:
+    """Sampling: a refused token is never drawn, and the others keep their odds (here 1 : 1
+    over 2,000 seeded draws, each a tenth of the mass the refused token held)."""
+    logits = torch.tensor([[0.0, 3.0, 3.0 - math.log(9), 3.0 - math.log(9)]])
+    counts = collections.Counter(
+        _sampled([_Refusing({1, 2, 3}, {1})], logits, temperature=1.0, seed=s)[0]
+        for s in range(2000)
+    )
+    assert counts[1] == 0 and counts[0] == 0
+    assert abs(counts[2] - counts[3]) < 200  # 1000 each; sd of the difference about 45
