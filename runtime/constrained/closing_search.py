@@ -164,43 +164,38 @@ def closing_path(
     the start of one (a prefix the grammar forced, say), its rest is tried first. before: the
     end of the text so far."""
     path: list[int] = []
-    budget = [MAX_SEARCH_TOKENS + 2 * limit]
+    budget = MAX_SEARCH_TOKENS + 2 * limit
     row = np.zeros((tokens.vocab_size + 31) // 32, dtype=np.int32)
     quote = next((t for t in tokens.closing.tolist() if tokens.texts[t] == '"'), None)
+    # The search's own stack, not Python's: a completion can be a thousand tokens long.
+    stack: list[_Node] = []
 
-    def write(text: str, ids: list[int], at: Nesting) -> bool:
-        """Whether writing `ids` (when `m` takes them all and the string can close after
-        them) leads to a completion."""
-        taken = 0
-        for t in ids:
-            if not m.allows(t):
-                break
-            m.accept_token(t)
-            path.append(t)
-            taken += 1
-        budget[0] -= max(taken, 1)
-        closes = taken == len(ids) and (quote is None or m.allows(quote))
-        if closes and len(path) <= limit and search(at.feed(text), True):
-            return True
+    def undo(taken: int) -> None:
         del path[len(path) - taken :]
         m.rollback(taken)
-        return False
 
-    def search(at: Nesting, tried: bool = False) -> bool:
-        tried = tried and at.in_string  # examples are tried once a string
-        if m.is_final():
-            return True
-        if len(path) >= limit or budget[0] <= 0:
-            return False
-        forced = m.jump_forward(tokenizer, stop_before_merge=True)
-        if forced:
-            path.extend(forced)
-            budget[0] -= len(forced)
-            if len(path) <= limit and search(at.feed(tokenizer.decode(forced)), tried):
+    def enter(at: Nesting, tried: bool, taken: int) -> bool | None:
+        """The node reached by a move of `taken` tokens: True where `m` is final there, False
+        where it is a dead end (the move rolled back), None once its moves are stacked. The
+        grammar's forced text is taken whole on the way."""
+        nonlocal budget
+        while True:
+            tried = tried and at.in_string  # examples are tried once a string
+            if m.is_final():
                 return True
-            del path[len(path) - len(forced) :]
-            m.rollback(len(forced))
-            return False
+            if len(path) >= limit or budget <= 0:
+                undo(taken)
+                return False
+            forced = m.jump_forward(tokenizer, stop_before_merge=True)
+            if not forced:
+                break
+            path.extend(forced)
+            budget -= len(forced)
+            taken += len(forced)
+            if len(path) > limit:
+                undo(taken)
+                return False
+            at = at.feed(tokenizer.decode(forced))
         options = tokens.allowed(m, row)
         after = {t: at.feed(tokens.texts[t]) for t in options}
         recent = path[-RECENT:]
@@ -211,26 +206,57 @@ def closing_path(
             rests = _example_rests(examples, before, path, tokenizer)
             moves[closing:closing] = [(rest, tokens.ids(tokenizer, rest)) for rest in rests]
             tried = True
-        for move in moves:
-            if isinstance(move, tuple):
-                if write(*move, at):
-                    return True
-            else:
-                budget[0] -= 1
-                m.accept_token(move)
-                path.append(move)
-                if search(after[move], tried):
-                    return True
-                path.pop()
-                m.rollback(1)
-            if budget[0] <= 0:
-                return False
-        return False
+        stack.append(_Node(at, tried, moves, after, taken))
+        return None
 
-    found = search(nesting or Nesting())
-    if found:
-        m.rollback(len(path))
-    return path if found else None
+    found = enter(nesting or Nesting(), False, 0)
+    while found is not True and stack:
+        if found is False and budget <= 0:
+            break  # a move failed with the budget spent
+        node = stack[-1]
+        if node.next == len(node.moves):  # every move failed: so did the one that led here
+            stack.pop()
+            undo(node.taken)
+            found = False
+            continue
+        move = node.moves[node.next]
+        node.next += 1
+        if isinstance(move, tuple):  # an example's text: taken where `m` takes all of it
+            text, ids = move
+            taken = 0
+            for t in ids:
+                if not m.allows(t):
+                    break
+                m.accept_token(t)
+                path.append(t)
+                taken += 1
+            budget -= max(taken, 1)
+            closes = taken == len(ids) and (quote is None or m.allows(quote))
+            if closes and len(path) <= limit:
+                found = enter(node.at.feed(text), True, taken)
+            else:
+                undo(taken)
+                found = False
+        else:
+            budget -= 1
+            m.accept_token(move)
+            path.append(move)
+            found = enter(node.after[move], node.tried, 1)
+    m.rollback(len(path))
+    return path if found is True else None
+
+
+@dataclass(slots=True)
+class _Node:
+    """A state of `closing_path`'s search: its moves in order, the next to try, and how many
+    tokens the move that led to it took (rolled back when every move from it fails)."""
+
+    at: Nesting
+    tried: bool  # the examples were tried in this string
+    moves: list[Any]  # token ids, and (text, ids) of examples
+    after: dict[int, Nesting]  # each token move's nesting
+    taken: int
+    next: int = 0
 
 
 def _example_rests(

@@ -452,3 +452,22 @@ def test_a_refused_token_leaves_the_others_drawn_as_the_mask_gives() -> None:
     )
     assert counts[1] == 0 and counts[0] == 0
     assert abs(counts[2] - counts[3]) < 200  # 1000 each; sd of the difference about 45
+
+
+def test_a_completion_longer_than_pythons_recursion_limit_is_found(closing_tokens) -> None:
+    """A search runs up to 1,024 tokens deep (WINDOW): its stack is its own, not Python's,
+    whose limit of 1,000 frames once failed the request's mask with a RecursionError."""
+    schema = {
+        "type": "object",
+        "properties": {"v": {"type": "array", "items": {"type": "integer"}, "minItems": 380}},
+        "required": ["v"],
+    }
+    c = stemma.Constraint(json_schema=schema, backend="llguidance")
+    m = c.matcher().inner
+    path = closing_path(m, 1024, closing_tokens, c.tokenizer)
+    assert path is not None and len(path) > 900
+    assert not m.is_final()  # left as it was
+    jsonschema.validate(json.loads(c.tokenizer.decode(path)), schema)
+    longer = {**schema, "properties": {"v": {**schema["properties"]["v"], "minItems": 600}}}
+    c = stemma.Constraint(json_schema=longer, backend="llguidance")
+    assert closing_path(c.matcher().inner, 1024, closing_tokens, c.tokenizer) is None
