@@ -7,8 +7,9 @@ others, and a token that repeats one of the last few after the others, so that a
 a `{"type":{"type":...` recursion is not followed down to the limit. Inside a string that
 cannot close yet it also writes a `pattern`'s example whole (pattern_example.py), since an
 unanchored pattern lets every character through until the text holds a match. Each token
-tried is accepted, then rolled back: the matcher is left as it was. closing.py decides when
-to search and what to do with the completion.
+tried is accepted, then rolled back: the matcher is left as it was. The search keeps its own
+stack (`_Node`), since a completion can be a thousand tokens long. closing.py decides when to
+search and what to do with the completion.
 """
 
 from __future__ import annotations
