@@ -19,7 +19,7 @@ import torch
 from ..constrained.closing import MAX_REFUSED, ClosingMatcher
 from ..constrained.closing_search import ClosingTokens
 from ..constrained.matcher import fill_bitmask
-from ..sampling.sampler import AllMaskedError, Sampler, picks_plain_max
+from ..sampling.sampler import AllMaskedError, SampleOutput, Sampler, picks_plain_max
 from ..tokenizer import Tokenizer
 from .batch import ScheduledBatch
 from .draft import ConstraintDraft, DraftSource, accept_into_grammar, drop_draft, make_draft
@@ -185,7 +185,16 @@ class OutputProcessor:
             self.sample_again(reqs, logits, masks, top_n, want, out, dead)
         return out, dead
 
-    def sample_again(self, reqs, logits, masks, top_n, want, out, dead) -> None:
+    def sample_again(
+        self,
+        reqs: list[Req],
+        logits: torch.Tensor,  # [B, V]
+        masks: torch.Tensor,  # [B, ceil(V / 32)] int32, on the CPU: refused bits cleared here
+        top_n: list[int],
+        want: bool,
+        out: SampleOutput,  # the first draw, replaced row by row
+        dead: dict[int, str],
+    ) -> None:
         """Where early closing refuses the token sampled (ClosingMatcher.refuses: no
         completion would fit after it), mask it and sample that row again, up to MAX_REFUSED
         times: the draw is then the one the mask with every refused token cleared gives. A
