@@ -164,93 +164,13 @@ def closing_path(
     (pattern_example.py: what a `pattern` matches); where the string's text so far ends with
     the start of one (a prefix the grammar forced, say), its rest is tried first. before: the
     end of the text so far."""
-    path: list[int] = []
-    budget = MAX_SEARCH_TOKENS + 2 * limit
-    row = np.zeros((tokens.vocab_size + 31) // 32, dtype=np.int32)
-    quote = next((t for t in tokens.closing.tolist() if tokens.texts[t] == '"'), None)
-    # The search's own stack, not Python's: a completion can be a thousand tokens long.
-    stack: list[_Node] = []
-
-    def undo(taken: int) -> None:
-        del path[len(path) - taken :]
-        m.rollback(taken)
-
-    def enter(at: Nesting, tried: bool, taken: int) -> bool | None:
-        """The node reached by a move of `taken` tokens: True where `m` is final there, False
-        where it is a dead end (the move rolled back), None once its moves are stacked. The
-        grammar's forced text is taken whole on the way."""
-        nonlocal budget
-        while True:
-            tried = tried and at.in_string  # examples are tried once a string
-            if m.is_final():
-                return True
-            if len(path) >= limit or budget <= 0:
-                undo(taken)
-                return False
-            forced = m.jump_forward(tokenizer, stop_before_merge=True)
-            if not forced:
-                break
-            path.extend(forced)
-            budget -= len(forced)
-            taken += len(forced)
-            if len(path) > limit:
-                undo(taken)
-                return False
-            at = at.feed(tokenizer.decode(forced))
-        options = tokens.allowed(m, row)
-        after = {t: at.feed(tokens.texts[t]) for t in options}
-        recent = path[-RECENT:]
-        # stable: the closing texts' priority, then token order, break ties
-        moves: list[Any] = sorted(options, key=lambda t: (after[t].open, t in recent))
-        if examples and at.in_string and not at.escaped and not tried:
-            closing = sum(after[t].open < at.open for t in moves)  # those close the string
-            rests = _example_rests(examples, before, path, tokenizer)
-            moves[closing:closing] = [(rest, tokens.ids(tokenizer, rest)) for rest in rests]
-            tried = True
-        stack.append(_Node(at, tried, moves, after, taken))
-        return None
-
-    found = enter(nesting or Nesting(), False, 0)
-    while found is not True and stack:
-        if found is False and budget <= 0:
-            break  # a move failed with the budget spent
-        node = stack[-1]
-        if node.next == len(node.moves):  # every move failed: so did the one that led here
-            stack.pop()
-            undo(node.taken)
-            found = False
-            continue
-        move = node.moves[node.next]
-        node.next += 1
-        if isinstance(move, tuple):  # an example's text: taken where `m` takes all of it
-            text, ids = move
-            taken = 0
-            for t in ids:
-                if not m.allows(t):
-                    break
-                m.accept_token(t)
-                path.append(t)
-                taken += 1
-            budget -= max(taken, 1)
-            closes = taken == len(ids) and (quote is None or m.allows(quote))
-            if closes and len(path) <= limit:
-                found = enter(node.at.feed(text), True, taken)
-            else:
-                undo(taken)
-                found = False
-        else:
-            budget -= 1
-            m.accept_token(move)
-            path.append(move)
-            found = enter(node.after[move], node.tried, 1)
-    m.rollback(len(path))
-    return path if found is True else None
+    return _Search(m, limit, tokens, tokenizer, examples, before).run(nesting or Nesting())
 
 
 @dataclass(slots=True)
 class _Node:
-    """A state of `closing_path`'s search: its moves in order, the next to try, and how many
-    tokens the move that led to it took (rolled back when every move from it fails)."""
+    """A state of the search: its moves in order, the next to try, and how many tokens the
+    move that led to it took (rolled back when every move from it fails)."""
 
     at: Nesting
     tried: bool  # the examples were tried in this string
@@ -258,6 +178,111 @@ class _Node:
     after: dict[int, Nesting]  # each token move's nesting
     taken: int
     next: int = 0
+
+
+class _Search:
+    """`closing_path`'s depth-first search. Its stack is its own, not Python's: a completion
+    can be a thousand tokens long. Every token on `path` is accepted by `m`."""
+
+    def __init__(
+        self,
+        m: GrammarMatcher,
+        limit: int,
+        tokens: ClosingTokens,
+        tokenizer: Tokenizer,
+        examples: Sequence[str],
+        before: str,
+    ) -> None:
+        self.m, self.limit, self.tokens, self.tokenizer = m, limit, tokens, tokenizer
+        self.examples, self.before = examples, before
+        self.path: list[int] = []
+        self.budget = MAX_SEARCH_TOKENS + 2 * limit  # tokens left to try
+        self.row = np.zeros((tokens.vocab_size + 31) // 32, dtype=np.int32)
+        self.quote = next((t for t in tokens.closing.tolist() if tokens.texts[t] == '"'), None)
+        self.stack: list[_Node] = []
+
+    def run(self, nesting: Nesting) -> list[int] | None:
+        found = self._enter(nesting, False, 0)
+        while found is not True and self.stack:
+            if found is False and self.budget <= 0:
+                break  # a move failed with the budget spent
+            node = self.stack[-1]
+            if node.next == len(node.moves):  # every move failed: so did the one that led here
+                self.stack.pop()
+                self._undo(node.taken)
+                found = False
+                continue
+            node.next += 1
+            found = self._move(node, node.moves[node.next - 1])
+        self.m.rollback(len(self.path))
+        return self.path if found is True else None
+
+    def _move(self, node: _Node, move: Any) -> bool | None:
+        """Take one move from `node` and enter where it leads (see `_enter`)."""
+        if not isinstance(move, tuple):
+            self.budget -= 1
+            self.m.accept_token(move)
+            self.path.append(move)
+            return self._enter(node.after[move], node.tried, 1)
+        text, ids = move  # an example's text: taken where `m` takes all of it
+        taken = 0
+        for t in ids:
+            if not self.m.allows(t):
+                break
+            self.m.accept_token(t)
+            self.path.append(t)
+            taken += 1
+        self.budget -= max(taken, 1)
+        closes = taken == len(ids) and (self.quote is None or self.m.allows(self.quote))
+        if closes and len(self.path) <= self.limit:
+            return self._enter(node.at.feed(text), True, taken)
+        self._undo(taken)
+        return False
+
+    def _enter(self, at: Nesting, tried: bool, taken: int) -> bool | None:
+        """The state reached by a move of `taken` tokens: True where `m` is final there, False
+        where it is a dead end (the move rolled back), None once its moves are stacked. The
+        grammar's forced text is taken whole on the way."""
+        m, path = self.m, self.path
+        while True:
+            tried = tried and at.in_string  # examples are tried once a string
+            if m.is_final():
+                return True
+            if len(path) >= self.limit or self.budget <= 0:
+                self._undo(taken)
+                return False
+            forced = m.jump_forward(self.tokenizer, stop_before_merge=True)
+            if not forced:
+                break
+            path.extend(forced)
+            self.budget -= len(forced)
+            taken += len(forced)
+            if len(path) > self.limit:
+                self._undo(taken)
+                return False
+            at = at.feed(self.tokenizer.decode(forced))
+        self.stack.append(self._node(at, tried, taken))
+        return None
+
+    def _node(self, at: Nesting, tried: bool, taken: int) -> _Node:
+        """The moves from here: the tokens that leave the fewest containers open first (the
+        closing texts' priority, then token order, break ties; one of the last few tokens
+        after the others), and inside a string not tried yet the examples, before the tokens
+        that do not close it."""
+        options = self.tokens.allowed(self.m, self.row)
+        after = {t: at.feed(self.tokens.texts[t]) for t in options}
+        recent = self.path[-RECENT:]
+        moves: list[Any] = sorted(options, key=lambda t: (after[t].open, t in recent))
+        if self.examples and at.in_string and not at.escaped and not tried:
+            closing = sum(after[t].open < at.open for t in moves)  # those close the string
+            rests = _example_rests(self.examples, self.before, self.path, self.tokenizer)
+            moves[closing:closing] = [(r, self.tokens.ids(self.tokenizer, r)) for r in rests]
+            tried = True
+        return _Node(at, tried, moves, after, taken)
+
+    def _undo(self, taken: int) -> None:
+        del self.path[len(self.path) - taken :]
+        self.m.rollback(taken)
 
 
 def _example_rests(
