@@ -174,7 +174,8 @@ class ClosingMatcher:
         if rest is None:
             self.inner.fill_mask(bitmask, row)
             return
-        target = _row(bitmask, row)
+        words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+        target = words if row is None else words[row]
         target[:] = 0
         bits = target.view(np.uint32)
         for t in rest[:1] or sorted(self.eos_token_ids):
@@ -195,11 +196,11 @@ class ClosingMatcher:
         every such token cleared, for one search a step instead of one a candidate."""
         remaining = self.max_new_tokens - self.num_accepted
         found = self.found_length
-        if self.path is not None or found is None or self.missed:
+        text = self.tokens.structural.get(token_id)
+        if self.path is not None or found is None or text is None:
+            return False  # found is None where the last search missed
+        if remaining - found > GUARD or remaining <= 1:
             return False
-        if remaining - found > GUARD or remaining <= 1 or not self.tokens.structural[token_id]:
-            return False
-        text = self.tokens.structural_texts[token_id]
         at = self.nesting[-1]
         if at.in_string and '"' not in text:
             return False  # a string's own `,` / `{` / `[` characters
@@ -233,9 +234,3 @@ class ClosingMatcher:
         ids = self.inner.jump_forward(tokenizer, stop_before_merge=stop_before_merge)
         self._taken(ids)
         return ids
-
-
-def _row(bitmask: Any, row: int | None) -> np.ndarray:
-    """The mask words of `row` (a tensor's or an array's), writable in place."""
-    words = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
-    return words if row is None else words[row]

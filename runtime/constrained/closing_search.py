@@ -85,8 +85,7 @@ class ClosingTokens:
     vocab_size: int
     words: np.ndarray  # of the closing then the short tokens: each one's mask word
     shifts: np.ndarray  # and its bit in it
-    structural: np.ndarray  # per id: its text has a `,`, `{` or `[` (GUARD)
-    structural_texts: dict[int, str]  # and those tokens' texts
+    structural: dict[int, str]  # the tokens whose text has a `,`, `{` or `[` (GUARD)
     encoded: dict[str, list[int]] = field(default_factory=dict)  # `ids`' memo
 
     @classmethod
@@ -104,12 +103,8 @@ class ClosingTokens:
         classes = np.array([_char_class(texts[t]) for t in short], dtype=np.int64)
         every = np.concatenate(ids)
         shifts = (every & 31).astype(np.uint32)
-        opening = {t: text for t, text in texts.items() if set(text) & set(",{[")}
-        structural = np.zeros(tokenizer.vocab_size, dtype=bool)
-        structural[list(opening)] = True
-        return cls(
-            *ids, classes, kept, tokenizer.vocab_size, every >> 5, shifts, structural, opening
-        )
+        structural = {t: text for t, text in texts.items() if set(text) & set(",{[")}
+        return cls(*ids, classes, kept, tokenizer.vocab_size, every >> 5, shifts, structural)
 
     def allowed(self, m: GrammarMatcher, row: np.ndarray) -> list[int]:
         """The closing tokens `m` allows, then its first allowed short token of each character
