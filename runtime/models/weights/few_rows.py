@@ -20,11 +20,19 @@ from .base import PLAIN_SPEC, LinearSpec, MaybeTensor, WeightForm
 from .quantized import Int4Weight, Int8Weight
 
 MAX_OWN_ROWS = 8  # the most rows measured: past 8 the dtype's GEMM won on both CPU kinds
-# How much faster the own form must measure to be chosen: near a tie, timing noise on a busy
-# machine would move the limit between starts (at 8 rows on a Xeon with AMX: 2.33 ms against
-# 1.89 in one start, a win in another), and with it which form, so which rounding, a step
-# gets; near a tie either form costs the same.
-WIN_MARGIN = 0.1
+# How much faster the own form must measure, over its matmuls alone, to be chosen. For the
+# int4 blocks that timing understates what whole steps gain: the dtype's form streams 4x
+# their bytes, and the rest of a step pays for that too. On a 2-core AMD EPYC (AVX512-BF16),
+# over SmolLM2's layer shapes, the blocks took 0.89-0.93x packed bfloat16's time at 8 rows
+# and 1.02-1.11x at 5, while decode steps with the blocks up to 8 rows against up to 4 took
+# 0.91x (batch 8) and 0.93x (batch 5) eager, 0.69x and 0.68x compiled (bench/config_ab.py),
+# 0.85-0.88x and 0.86-0.96x compiled in one process. A margin of 10% kept them to 4 rows
+# there. So they are chosen wherever they measure faster at all; starts on one machine still
+# decide alike near a tie, since the verdict is kept (measured.py).
+INT4_WIN_MARGIN = 0.0
+# The vocabulary's per-row int8 against its form: what whole steps gain beyond the timing is
+# not measured there, so a near tie keeps the vocabulary's form.
+VOCAB_WIN_MARGIN = 0.1
 
 
 class FewRowsWeight(WeightForm):
@@ -76,9 +84,11 @@ class FewRowsWeight(WeightForm):
         return self.few.nbytes + self.many.nbytes
 
 
-def crossover_rows(few_time: Callable[[int], float], many_time: Callable[[int], float]) -> int:
-    """dtype_policy.crossover_rows up to MAX_OWN_ROWS, winning by WIN_MARGIN."""
-    return dtype_policy.crossover_rows(few_time, many_time, MAX_OWN_ROWS, WIN_MARGIN)
+def crossover_rows(
+    few_time: Callable[[int], float], many_time: Callable[[int], float], margin: float
+) -> int:
+    """dtype_policy.crossover_rows up to MAX_OWN_ROWS, winning by `margin`."""
+    return dtype_policy.crossover_rows(few_time, many_time, MAX_OWN_ROWS, margin)
 
 
 def layer_shapes(hidden: int, inter: int, q_size: int, kv_size: int) -> tuple[tuple[int, int], ...]:
@@ -97,18 +107,13 @@ def own_int4_rows(
     """crossover_rows of int4 blocks against the plan's linear form in `dtype`, over random
     weights of a layer's linear shapes (`shapes`, layer_shapes), as many layers as make
     `weight_bytes` in `dtype` (at least one), so that every timed pass streams them from
-    memory as a model's step does. Both matter, on a 2-core AMD EPYC (AVX512-BF16, a 32 MB
-    L3) at 8 rows: over [inter, hidden] matrices alone the blocks took 0.94x packed
-    bfloat16's time (a tie under WIN_MARGIN: 4 rows), over SmolLM2-135M's four shapes
-    0.77-0.81x, and a decode batch of 8 ran 1.36x faster with the blocks up to 8 rows than
-    up to 4 (bench/config_ab.py). Over 32 MB of bfloat16 (its passes, run back to back, can
-    partly hit the cache) with the best of 3 passes, 8 of 18 measurements were under the
-    margin (median 0.92x); over 128 MB with the best of 5, interleaved with them in the same
-    six processes, 17 of 18 (median 0.84x; about a second). 8 rows stays near the margin
-    here (one series of 20 in one process read 0.90-1.00x), so which limit a start measures
-    can still differ; the kept verdict (measured.py) keeps later starts alike. On a 2-core
-    Xeon with AMX, over [inter, hidden] matrices: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2 / 4
-    / 8 rows against 1.88 / 1.84 / 1.82 / 1.89 ms."""
+    memory as a model's step does, with no margin (INT4_WIN_MARGIN says why). Both matter, on
+    a 2-core AMD EPYC (AVX512-BF16, a 32 MB L3) at 8 rows: over [inter, hidden] matrices
+    alone the blocks took 0.94x packed bfloat16's time, over SmolLM2-135M's four shapes
+    0.77-0.93x (over 32 MB of bfloat16, whose passes run back to back can partly hit the
+    cache, a median of 0.92x; over 128 MB with the best of 5, 0.84x; about a second). On a
+    2-core Xeon with AMX, over [inter, hidden] matrices: 0.78 / 0.90 / 1.25 / 2.33 ms at 1 / 2
+    / 4 / 8 rows against 1.88 / 1.84 / 1.82 / 1.89 ms (8 rows won in another start there)."""
     layer_bytes = dtype.itemsize * sum(n * k for n, k in shapes)
     own: list[WeightForm] = []
     many: list[WeightForm] = []
@@ -118,7 +123,7 @@ def own_int4_rows(
         w = torch.empty(shape).uniform_(-0.05, 0.05)  # one at a time: the forms are held
         own.append(Int4Weight.from_weight(w, plan))
         many.append(build_form(plan.linear_form, w.to(dtype), plan))
-    return crossover_rows(_timer(own, widths, dtype), _timer(many, widths, dtype))
+    return crossover_rows(_timer(own, widths, dtype), _timer(many, widths, dtype), INT4_WIN_MARGIN)
 
 
 @functools.cache
@@ -129,7 +134,9 @@ def own_int8_vocab_rows(plan: WeightPlan, hidden: int, vocab: int, dtype: torch.
     weight = torch.randn(vocab, hidden) * 0.02
     own = [Int8Weight.from_weight(weight, plan, spec)]
     many = [build_form(plan.vocab_form, weight.to(dtype), plan, spec)]
-    return crossover_rows(_timer(own, [hidden], dtype), _timer(many, [hidden], dtype))
+    return crossover_rows(
+        _timer(own, [hidden], dtype), _timer(many, [hidden], dtype), VOCAB_WIN_MARGIN
+    )
 
 
 def _timer(
