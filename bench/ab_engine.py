@@ -107,6 +107,7 @@ class Side:
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONPATH": str(pkg)},
+            cwd=pkg,  # `python -c` looks in its directory first: one holding another stemma
         )
         self.dtype = self._read()["ready"]
 
