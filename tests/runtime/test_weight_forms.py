@@ -195,7 +195,8 @@ def test_a_steps_cost_jumps_at_limits_and_at_the_int_kernels_row_blocks():
 
 
 def test_own_blocks_rows_stop_at_the_first_loss():
-    """The decision from injected timings: the own form wins at 1 and 2 rows, loses at 4."""
+    """The decision from injected timings: the own form wins at 1 and 2 rows, loses at 4; by
+    a margin, a win must be that much faster."""
     from stemma.runtime.models.weights.few_rows import MAX_OWN_ROWS, crossover_rows
 
     asked = []
@@ -204,10 +205,11 @@ def test_own_blocks_rows_stop_at_the_first_loss():
         asked.append(rows)
         return {1: 1.0, 2: 1.5, 4: 3.0, 8: 0.1}[rows]
 
-    assert crossover_rows(own, lambda rows: 2.0) == 2
+    assert crossover_rows(own, lambda rows: 2.0, 0.0) == 2
     assert asked == [1, 2, 4]  # 8 is never measured after the loss at 4
-    assert crossover_rows(lambda r: 3.0, lambda r: 2.0) == 0
-    assert crossover_rows(lambda r: 1.0, lambda r: 2.0) == MAX_OWN_ROWS
+    assert crossover_rows(lambda r: 3.0, lambda r: 2.0, 0.0) == 0
+    assert crossover_rows(lambda r: 1.0, lambda r: 2.0, 0.0) == MAX_OWN_ROWS
+    assert crossover_rows(own, lambda rows: 2.0, 0.3) == 1  # 1.5 is not 30% under 2.0
 
 
 def test_the_plan_takes_own_blocks_only_where_they_won():
