@@ -204,6 +204,15 @@ class Engine(EngineLoop):
                 if compiled is not None and (drafts := compiled._drafts) is not None
                 else None
             ),
+            "torch_compile_batch_package": (  # decode steps of 2 to max_tokens requests
+                {
+                    "path": str(batch.path),
+                    "from_cache": not batch.built,
+                    "max_tokens": batch.max_tokens,
+                }
+                if compiled is not None and (batch := compiled._batch) is not None
+                else None
+            ),
             "max_context_length": self.runner.context_len,
             "vocab_size": self.vocab_size,
             "eos_token_ids": sorted(tok.eos_token_ids),

@@ -19,10 +19,12 @@ eager: prefills, steps over a shared prefix (cascade), steps of more tokens than
 and batches the dense copy does not hold (over its budget).
 
 A one-row step runs the same graph compiled ahead of time (compiled_aot.py: no Dynamo
-guards, no Python between its kernels), and so do one request's drafts, up to the first row
-limit past one where a linear changes kernel (a second package, the token count symbolic);
-Dynamo's graph takes the steps of more requests, the row count symbolic from two rows on,
-and one request's longer drafts in a specialization of its own (Dynamo fixes a size of one).
+guards, no Python between its kernels), and so do decode steps of a few requests and one
+request's drafts, each up to the first row limit past one where a linear changes kernel (a
+second and a third package, the count symbolic); Dynamo's graph takes the steps of more
+requests and those verifying several requests' drafts, the row count symbolic from two rows
+on, and one request's longer drafts in a specialization of its own (Dynamo fixes a size of
+one).
 `warm_up` builds them all at start: each span of row counts between the limits where a
 linear changes form (weights/few_rows.py) is compiled at its last count, then at its first,
 so that a graph Inductor's cache holds for a narrower span (from a start whose limits
@@ -96,6 +98,7 @@ class CompiledDecode:
         self.aot_dir: Path | None = None  # where the packages are kept (build sets it)
         self._single: PackagedStep | None = None  # the one-row step (compiled_aot.py)
         self._drafts: PackagedStep | None = None  # one request's drafts (compiled_aot.py)
+        self._batch: PackagedStep | None = None  # decode steps of a few requests (the same)
 
     def forward(
         self, fb: ForwardBatch, pool: KVPool, attn: TorchAttnBackend
@@ -128,6 +131,14 @@ class CompiledDecode:
         one_row = decode and fb.batch_size == 1 and dense.capacity >= MIN_CAPACITY
         if one_row and self._single is not None:
             return self.model.project(self._single(inputs(*args, *kv)))
+        batch = self._batch  # decode steps within its package's requests
+        if (
+            batch is not None
+            and decode
+            and 2 <= fb.batch_size <= batch.max_tokens
+            and dense.capacity >= MIN_CAPACITY
+        ):
+            return self.model.project(batch(inputs(*args, *kv)))
         drafts = self._drafts  # one request's drafts within its package's tokens
         if (
             drafts is not None
@@ -202,9 +213,11 @@ class CompiledDecode:
     def warm_up(self, pool: KVPool) -> None:
         """Run the graph at each of warm_up_rows, so every compile happens now and none
         inside a step; at one row, build the package instead where `aot_dir` is set (Dynamo's
-        graph then starts at two rows, symbolic, for any number of requests from two). With
+        graph then starts at two rows, symbolic, for any number of requests from two). Where
+        `aot_dir` is set, the package of decode steps of 2 to package_span requests (Dynamo's
+        graph keeps those rows for steps verifying several requests' drafts). With
         `verifies_one_request`, one request's drafts' package where `aot_dir` is set (up to
-        drafts_span tokens), and the row counts past it again over one request's copy (its
+        package_span tokens), and the row counts past it again over one request's copy (its
         longer drafts' steps: Dynamo specializes a size of one). It writes K/V into the pool's
         first slots after the padding slot, which no request holds yet. A row count that fails
         to compile (a form Inductor cannot lower) caps max_rows below its span; at one row it raises
@@ -228,11 +241,14 @@ class CompiledDecode:
                 )
                 log.warning("enable_torch_compile: %s", self.note)
                 break
+        if self.aot_dir is not None and (span := self.package_span()) > 1:
+            example = self._example(pool, span, span)
+            self._batch = self._build_package(pool, example, span, batch=True)
         packaged = 1  # one request's steps of at most this many tokens run a package
         if (
             self.verifies_one_request
             and self.aot_dir is not None
-            and (span := self.drafts_span()) > 1
+            and (span := self.package_span()) > 1
         ):
             self._drafts = self._build_package(pool, self._example(pool, span, 1), span)
             packaged = span if self._drafts is not None else 1
@@ -292,21 +308,26 @@ class CompiledDecode:
         """The first row count of the span that holds `rows` (1 for one row)."""
         return max([1, *(first for first, _ in self.row_spans() if first <= rows)])
 
-    def drafts_span(self) -> int:
-        """The most tokens one request's drafts package takes: up to the first row limit past
-        one where a linear changes kernel (the package holds one kernel per linear)."""
+    def package_span(self) -> int:
+        """The most rows the packages of several rows take (a few requests' decode steps, one
+        request's drafts): up to the first row limit past one where a linear changes kernel
+        (a package holds one kernel per linear)."""
         past_one = [n for n in form_row_limits(self.model.layers) if n > 1]
         return min([self.max_rows, *past_one])
 
-    def _build_package(self, pool: KVPool, example: tuple, max_tokens: int):
+    def _build_package(self, pool: KVPool, example: tuple, max_tokens: int, batch: bool = False):
         """Build (or load) a package (compiled_aot.py) of one request's steps of up to
-        `max_tokens` tokens; None, with a note, where that fails (Dynamo's graph takes them)."""
+        `max_tokens` tokens, or with `batch` decode steps of up to as many requests; None,
+        with a note, where that fails (Dynamo's graph takes them)."""
         assert self.aot_dir is not None
         self.aot_dir.mkdir(parents=True, exist_ok=True)
         try:
-            return build_package(self.model, decode_graph, pool, example, self.aot_dir, max_tokens)
+            return build_package(
+                self.model, decode_graph, pool, example, self.aot_dir, max_tokens, batch
+            )
         except Exception as e:  # noqa: BLE001 - Dynamo's graph takes the steps instead
             steps = "one-row steps" if max_tokens == 1 else "one request's drafts"
+            steps = "decode steps of a few requests" if batch else steps
             self.note = (
                 f"{steps} run through Dynamo's graph ({type(e).__name__} building their "
                 f"AOTInductor package: {first_line(e)})"

@@ -3,10 +3,12 @@ exported with torch.export and built by Inductor into a shared library whose C++
 its kernels. A step then runs without Dynamo's guard checks and without the Python function
 that calls Inductor's kernels one by one, about 1.5 ms of a 9 ms SmolLM2 step on a 2-core CPU
 (bench/results/compiled_aot.jsonl), and about 3 ms of a step verifying one request's drafts.
-Single-stream decode is where that overhead counts, so two packages: the one-row decode step,
-and one request's drafts (2 to `max_tokens` tokens, the count symbolic, up to the first row
-limit where a linear changes kernel, as the kernel is part of the code). Steps of more
-requests keep the Dynamo graph (compiled.py).
+Single-stream and small-batch decode are where that overhead counts, so three packages: the
+one-row decode step; decode steps of 2 to `max_tokens` requests, a token each (the count
+symbolic); and one request's drafts (2 to `max_tokens` tokens, the count symbolic). Both
+spans end at the first row limit where a linear changes kernel, as the kernel is part of the
+code. Batches past it, and steps verifying several requests' drafts, keep the Dynamo graph
+(compiled.py).
 
 The library holds its own copy of the weights (Inductor folds some of them into the forms
 its kernels read, under names of its own, so they cannot be lent from the live model): one
@@ -64,7 +66,7 @@ class _Step(torch.nn.Module):
 
 class PackagedStep:
     """A loaded package: call it with the step's inputs flattened, as `inputs` lists them.
-    max_tokens: the most new tokens it takes (one request's)."""
+    max_tokens: the most new tokens it takes (one request's, or as many requests' one each)."""
 
     def __init__(self, path: Path, built: bool, max_tokens: int = 1) -> None:
         self.path, self.built = path, built  # built: compiled now, not loaded from the cache
@@ -89,23 +91,26 @@ def build_package(
     example: tuple,
     cache_dir: Path,
     max_tokens: int = 1,
+    batch: bool = False,
 ) -> PackagedStep:
-    """Export `graph` (decode_graph.decode_graph) over `example` (its arguments after the model,
-    one request's; the dense copy's capacity symbolic) and load its package from `cache_dir`,
-    or compile it there first. max_tokens 1: the one-row decode step; more: one request's
-    steps of 2 to max_tokens tokens (the count symbolic; the example's sets the loops)."""
+    """Export `graph` (decode_graph.decode_graph) over `example` (its arguments after the model;
+    the dense copy's capacity symbolic) and load its package from `cache_dir`, or compile it
+    there first. max_tokens 1: the one-row decode step; more: steps of 2 to max_tokens tokens
+    (the count symbolic; the example's sets the loops), one request's drafts, or with `batch`
+    a decode step of as many requests, a token each (the copy's requests the same count)."""
     layers = len(pool.k)
     capacity = torch.export.Dim("capacity", min=MIN_CAPACITY, max=1 << 24)
-    dense = [{1: capacity}] * layers
     # (a span of one count, 2 to 2, stays static: export refuses a Dim whose range is one)
     tokens = torch.export.Dim("tokens", min=2, max=max_tokens) if max_tokens > 2 else None
     per_token = {0: tokens} if tokens is not None else None  # ids, positions, rows, slots
-    shapes = (*[per_token] * 5, [None] * layers, [None] * layers, dense, dense)
+    dense = [{0: tokens, 1: capacity} if batch and tokens is not None else {1: capacity}]
+    shapes = (*[per_token] * 5, [None] * layers, [None] * layers, dense * layers, dense * layers)
     with torch.no_grad():
         ep = torch.export.export(_Step(model, graph), example, dynamic_shapes=shapes, strict=False)
     # the example's sizes too: Inductor plans its loops by them, symbolic or not
     sizes = [tuple(t.shape) for t in inputs(*example)]
-    kind = "decode-1row" if max_tokens == 1 else f"drafts-2to{max_tokens}"
+    kind = "batch" if batch else "drafts"
+    kind = "decode-1row" if max_tokens == 1 else f"{kind}-2to{max_tokens}"
     path = cache_dir / f"{kind}-{_digest(ep, sizes)}.pt2"
     if path.exists():
         return PackagedStep(path, built=False, max_tokens=max_tokens)

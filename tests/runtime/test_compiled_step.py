@@ -40,9 +40,11 @@ def run(ckpt, compile_on: bool, tmp_path, graph_calls: list) -> tuple[list, list
         if compile_on:  # count the steps each graph runs: rows, and which one
             graph = e.runner.model.compiled
             assert graph._single is not None  # the one-row package (compiled_aot.py)
+            assert graph._batch is not None  # a few requests' decode steps' package
             step, single = graph._step, graph._single
             graph._step = lambda *a: graph_calls.append(a[1].shape[0]) or step(*a)
             graph._single = lambda flat: graph_calls.append("package") or single(flat)
+            graph._batch = CountedPackage(graph._batch, graph_calls, "batch")
         alone = e.generate(input_ids=PROMPTS[0], sampling_params=params, return_logprob=True)
         batch = e.generate(
             input_ids=PROMPTS, sampling_params=[params] * len(PROMPTS), return_logprob=True
@@ -69,10 +71,11 @@ def test_compiled_step_equals_eager_in_float64(family, tiny_llama_dir, tmp_path_
     ids_eager, lp_eager = run(ckpt, False, tmp, calls)
     ids_compiled, lp_compiled = run(ckpt, True, tmp, calls)
     assert sys.getrecursionlimit() == depth  # Inductor's raise undone (the server relies on it)
-    # Every decode step but each request's first (its prefill's) ran a graph: the one-row
-    # steps the package, the batch's Dynamo's graph (three rows).
+    # Every decode step but each request's first (its prefill's) ran a package: the one-row
+    # steps theirs, the batch's (three rows) that of a few requests' decode steps, none
+    # Dynamo's graph (which took the step that prefilled beside decoding).
     assert calls.count("package") >= 2 * (NEW_TOKENS - 1)
-    assert calls.count(3) >= NEW_TOKENS - 1 and 1 not in calls
+    assert calls.count((3, "batch")) >= NEW_TOKENS - 1 and 3 not in calls and 1 not in calls
     assert ids_compiled == ids_eager
     # The norms normalize in float32 (as HF's do, even in a float64 model); Inductor's fused
     # reduction sums in another order, so values agree to float32 rounding, not bit for bit.
@@ -81,13 +84,14 @@ def test_compiled_step_equals_eager_in_float64(family, tiny_llama_dir, tmp_path_
 
 
 class CountedPackage:
-    """A package (compiled_aot.py) that notes (tokens, "package") for each step it runs."""
+    """A package (compiled_aot.py) that notes (tokens, label) for each step it runs."""
 
-    def __init__(self, package, calls: list) -> None:
+    def __init__(self, package, calls: list, label: str = "package") -> None:
         self.package, self.calls, self.max_tokens = package, calls, package.max_tokens
+        self.label = label
 
     def __call__(self, flat):
-        self.calls.append((flat[0].shape[0], "package"))
+        self.calls.append((flat[0].shape[0], self.label))
         return self.package(flat)
 
 
@@ -124,6 +128,7 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
                 # one request's drafts, up to the graph's 64 tokens: their package
                 compiled_step = e.runner.model.compiled
                 compiled_step._drafts = CountedPackage(compiled_step._drafts, calls)
+                compiled_step._batch = CountedPackage(compiled_step._batch, calls, "batch")
                 # past the graph's tokens a step runs eager: the budget prices that apart
                 assert 64 in e.core.outputs.budget.cost.limits
                 e.core.outputs.budget.cost = FlatCost()
@@ -137,7 +142,8 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
     lookup, forced = (o["meta_info"] for o in outs["NGRAM"])
     assert lookup["spec_num_proposed_drafts"] > lookup["spec_num_correct_drafts"]  # rejected
     assert forced["spec_num_correct_drafts"] > 0  # accepted
-    assert (1, 1) in calls and (2, 2) in calls  # the graph ran the steps without drafts
+    # the packages ran the steps without drafts, one request's and two requests'
+    assert (1, 1) in calls and (2, "batch") in calls
     # ... and the steps that verify drafts: one request's by its package, two requests' by
     # Dynamo's graph
     assert any(t > 1 and r == "package" for t, r in calls)
@@ -319,6 +325,7 @@ def test_packed_weights_run_in_the_graph_and_give_eager_tokens(
                     calls.append((a[1].shape[0], a[8][0].shape[0])) or g(*a)
                 )
                 graph._drafts = CountedPackage(graph._drafts, calls)
+                graph._batch = CountedPackage(graph._batch, calls, "batch")
                 e.core.outputs.budget.cost = FlatCost()
             out = e.generate(
                 input_ids=[loop * 4, *PROMPTS],
@@ -332,7 +339,8 @@ def test_packed_weights_run_in_the_graph_and_give_eager_tokens(
         got = [x[0] for x in a["meta_info"]["output_token_logprobs"]]
         want = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
         assert got == pytest.approx(want, abs=1e-4)
-    assert any(t == r == 4 for t, r in calls)  # the batch's decode steps
+    assert (4, "batch") in calls  # the batch's decode steps, their package
+    assert any(isinstance(r, int) and t > r > 1 for t, r in calls)  # several requests' drafts
     assert any(t > 1 and r == "package" for t, r in calls)  # one request's drafts
 
 
