@@ -39,8 +39,9 @@ class EngineConfig:
     # decode batches of at most torch_compile_max_bs requests.
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 64
-    # With it, one-row steps run an AOTInductor package (executor/compiled_aot.py: no Dynamo
-    # guards or Python between kernels, one more copy of the weights); off, Dynamo's graph.
+    # With it, one-row steps, a few requests' decode steps and one request's drafts run
+    # AOTInductor packages (executor/compiled_aot.py: no Dynamo guards or Python between
+    # kernels, one more copy of the weights each); off, Dynamo's graph.
     torch_compile_aot: bool = True
     grammar_backend: str = "outlines"  # outlines | llguidance (runtime/constrained/backend.py)
     grammar_timeout_s: float = 20.0  # a constraint compiling longer fails its request

@@ -69,6 +69,11 @@ RECOMPILE_LIMIT = 64  # Dynamo's per-function limit: one graph per row bucket st
 # plans its loops by the example's size (which to run on every core, which to vectorize):
 # a tiny one had every attention loop run on one core.
 WARM_UP_CAPACITY = 512
+# The most requests the package of decode steps takes (below a row limit that ends it first).
+# Its saving is per step (Dynamo's guards, the Python between kernels: about 2.5 ms of a
+# batch-8 SmolLM2 step on a 2-core AMD EPYC), a smaller share as rows grow, while its example,
+# a dense copy of WARM_UP_CAPACITY positions per request, grows with them.
+BATCH_PACKAGE_ROWS = 8
 
 
 class CompiledDecode:
@@ -214,8 +219,9 @@ class CompiledDecode:
         """Run the graph at each of warm_up_rows, so every compile happens now and none
         inside a step; at one row, build the package instead where `aot_dir` is set (Dynamo's
         graph then starts at two rows, symbolic, for any number of requests from two). Where
-        `aot_dir` is set, the package of decode steps of 2 to package_span requests (Dynamo's
-        graph keeps those rows for steps verifying several requests' drafts). With
+        `aot_dir` is set, the package of decode steps of 2 to package_span requests, at most
+        BATCH_PACKAGE_ROWS (Dynamo's graph keeps those rows for steps verifying several
+        requests' drafts). With
         `verifies_one_request`, one request's drafts' package where `aot_dir` is set (up to
         package_span tokens), and the row counts past it again over one request's copy (its
         longer drafts' steps: Dynamo specializes a size of one). It writes K/V into the pool's
@@ -241,7 +247,8 @@ class CompiledDecode:
                 )
                 log.warning("enable_torch_compile: %s", self.note)
                 break
-        if self.aot_dir is not None and (span := self.package_span()) > 1:
+        span = min(self.package_span(), BATCH_PACKAGE_ROWS)
+        if self.aot_dir is not None and span > 1:
             example = self._example(pool, span, span)
             self._batch = self._build_package(pool, example, span, batch=True)
         packaged = 1  # one request's steps of at most this many tokens run a package

@@ -118,7 +118,11 @@ def test_drafts_between_compiled_steps_change_nothing(tiny_llama_dir, tmp_path):
         cfg |= {"cache_dir": str(tmp_path / "cache"), "speculative_algorithm": spec}
         with Engine(model_path=str(tiny_llama_dir), **cfg) as e:
             if compile_on:  # (tokens, requests) of each step a graph takes
-                assert e.get_model_info()["torch_compile_drafts_package"]["max_tokens"] == 64
+                info = e.get_model_info()
+                assert info["torch_compile_drafts_package"]["max_tokens"] == 64
+                # a few requests' decode steps: up to the cap, this model having no row limit
+                batch_rows = info["torch_compile_batch_package"]["max_tokens"]
+                assert batch_rows == compiled.BATCH_PACKAGE_ROWS < 64
                 graph = e.runner.model.compiled._step
                 e.runner.model.compiled._step = lambda *a, g=graph: (
                     calls.append((a[1].shape[0], a[8][0].shape[0])) or g(*a)
