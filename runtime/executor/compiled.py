@@ -133,31 +133,27 @@ class CompiledDecode:
             return None
         args = (fb.input_ids, fb.positions, dense.token_rows, attn.out_loc, dense.flat_pos)
         kv = (pool.k, pool.v, dense.k, dense.v)
-        one_row = decode and fb.batch_size == 1 and dense.capacity >= MIN_CAPACITY
-        if one_row and self._single is not None:
-            return self.model.project(self._single(inputs(*args, *kv)))
-        batch = self._batch  # decode steps within its package's requests
-        if (
-            batch is not None
-            and decode
-            and 2 <= fb.batch_size <= batch.max_tokens
-            and dense.capacity >= MIN_CAPACITY
-        ):
-            return self.model.project(batch(inputs(*args, *kv)))
-        drafts = self._drafts  # one request's drafts within its package's tokens
-        if (
-            drafts is not None
-            and not decode
-            and fb.batch_size == 1
-            and fb.num_tokens <= drafts.max_tokens
-            and dense.capacity >= MIN_CAPACITY
-        ):
-            hidden = drafts(inputs(*args, *kv)).index_select(0, fb.logits_idx)
-            return self.model.project(hidden)
-        hidden = self._step(self.model, *args, *kv)
+        package = self._package(fb, decode) if dense.capacity >= MIN_CAPACITY else None
+        if package is not None:
+            hidden = package(inputs(*args, *kv))
+        else:
+            hidden = self._step(self.model, *args, *kv)
         if not decode:  # the rows whose logits are asked for (a draft's every token)
             hidden = hidden.index_select(0, fb.logits_idx)
         return self.model.project(hidden)
+
+    def _package(self, fb: ForwardBatch, decode: bool) -> PackagedStep | None:
+        """The package that takes this step, if one does: a decode step of one request, or of
+        up to the batch package's requests; one request's drafts up to its package's tokens."""
+        if decode:
+            if fb.batch_size == 1:
+                return self._single
+            batch = self._batch
+            return batch if batch is not None and fb.batch_size <= batch.max_tokens else None
+        drafts = self._drafts
+        if drafts is not None and fb.batch_size == 1 and fb.num_tokens <= drafts.max_tokens:
+            return drafts
+        return None
 
     @classmethod
     def build(
@@ -221,8 +217,8 @@ class CompiledDecode:
         graph then starts at two rows, symbolic, for any number of requests from two). Where
         `aot_dir` is set, the package of decode steps of 2 to package_span requests, at most
         BATCH_PACKAGE_ROWS (Dynamo's graph keeps those rows for steps verifying several
-        requests' drafts). With
-        `verifies_one_request`, one request's drafts' package where `aot_dir` is set (up to
+        requests' drafts). With `verifies_one_request`, one request's drafts' package where
+        `aot_dir` is set (up to
         package_span tokens), and the row counts past it again over one request's copy (its
         longer drafts' steps: Dynamo specializes a size of one). It writes K/V into the pool's
         first slots after the padding slot, which no request holds yet. A row count that fails
@@ -247,16 +243,12 @@ class CompiledDecode:
                 )
                 log.warning("enable_torch_compile: %s", self.note)
                 break
-        span = min(self.package_span(), BATCH_PACKAGE_ROWS)
-        if self.aot_dir is not None and span > 1:
-            example = self._example(pool, span, span)
-            self._batch = self._build_package(pool, example, span, batch=True)
+        span = self.package_span()
+        if self.aot_dir is not None and (requests := min(span, BATCH_PACKAGE_ROWS)) > 1:
+            example = self._example(pool, requests, requests)
+            self._batch = self._build_package(pool, example, requests, batch=True)
         packaged = 1  # one request's steps of at most this many tokens run a package
-        if (
-            self.verifies_one_request
-            and self.aot_dir is not None
-            and (span := self.package_span()) > 1
-        ):
+        if self.verifies_one_request and self.aot_dir is not None and span > 1:
             self._drafts = self._build_package(pool, self._example(pool, span, 1), span)
             packaged = span if self._drafts is not None else 1
         for rows in self.warm_up_rows() if self.verifies_one_request else []:
@@ -334,7 +326,8 @@ class CompiledDecode:
             )
         except Exception as e:  # noqa: BLE001 - Dynamo's graph takes the steps instead
             steps = "one-row steps" if max_tokens == 1 else "one request's drafts"
-            steps = "decode steps of a few requests" if batch else steps
+            if batch:
+                steps = "decode steps of a few requests"
             self.note = (
                 f"{steps} run through Dynamo's graph ({type(e).__name__} building their "
                 f"AOTInductor package: {first_line(e)})"
