@@ -10,23 +10,30 @@ spans end at the first row limit where a linear changes kernel, as the kernel is
 code. Batches past it, and steps verifying several requests' drafts, keep the Dynamo graph
 (compiled.py).
 
-The library holds its own copy of the weights (Inductor folds some of them into the forms
-its kernels read, under names of its own, so they cannot be lent from the live model): one
-more copy of the decoder's weights in memory. oneDNN-packed weights are the exception: the
+The library holds no copy of the weights: Inductor writes it without them, each constant
+pickled beside it in the package; the constants the model holds (its parameters and
+buffers, and the tensors its weight forms keep, which export lifts and Inductor numbers in
+the order export found them) are then dropped from the package, and a load lends the
+library the model's own tensors (AOTInductor's user-managed constants), checked at the
+build to be the ones it was compiled with. Only the constants Inductor made itself (the int4
+kernel's group size) stay pickled in it. oneDNN-packed weights are not constants at all: the
 graph names them by number (weights/dense.py), so the library calls the live model's, and
 the numbers, part of the exported code, are part of the package's name. The package is kept
 under the cache dir, named by a hash of torch's version, Inductor's settings and vector ISA,
 the exported graph, its inputs' and constants' shapes and dtypes, and the constants' bytes,
 so a later start with the same model and weight plan on the same kind of CPU loads it
-instead of compiling (the export, a few seconds, runs at every start to compute that name),
-and the example's sizes, by which Inductor plans its loops.
+instead of compiling (the export, a few seconds, runs at every start to compute that name,
+and gives the tensors to lend), and the example's sizes, by which Inductor plans its loops.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +41,21 @@ import torch
 import torch._inductor.config
 from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+from torch.export.graph_signature import InputKind
 
 if TYPE_CHECKING:
     from ..models.decoder import DecoderForCausalLM
     from .memory import KVPool
 
 MIN_CAPACITY = 2  # export's smallest symbolic size: a dense copy this wide or wider
+# Inductor's settings for a library without weights, every constant pickled in the package
+WEIGHTLESS = {
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+}
+_MODEL_DIR = "data/aotinductor/model"  # the package's one model, in its top folder
+_LENT = "data/stemma/lent.json"  # which of the model's tensors each lent constant is
+_NUMBERED = "_tensor_constant"  # Inductor's name for the Nth tensor export lifted
 
 
 class _Step(torch.nn.Module):
@@ -66,15 +82,82 @@ class _Step(torch.nn.Module):
 
 class PackagedStep:
     """A loaded package: call it with the step's inputs flattened, as `inputs` lists them.
-    max_tokens: the most new tokens it takes (one request's, or as many requests' one each)."""
+    max_tokens: the most new tokens it takes (one request's, or as many requests' one each).
+    live: the model's tensors by export's names ({**ep.state_dict, **ep.constants}), lent
+    to the library, which reads them in place (kept here, so they outlive it)."""
 
-    def __init__(self, path: Path, built: bool, max_tokens: int = 1) -> None:
+    def __init__(
+        self, path: Path, built: bool, live: dict[str, torch.Tensor], max_tokens: int = 1
+    ) -> None:
         self.path, self.built = path, built  # built: compiled now, not loaded from the cache
         self.max_tokens = max_tokens
-        self._run = torch._inductor.aoti_load_package(str(path)).loader.boxed_run
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        self.constants, self.lent = package_constants(path, live)
+        # (use_inactive, check_full_update, user_managed): every constant, none copied
+        loader.load_constants(self.constants, False, True, True)
+        self._run = loader.boxed_run
 
     def __call__(self, flat: list[torch.Tensor]) -> torch.Tensor:
         return self._run(flat)[0]
+
+
+def package_constants(
+    path: Path, live: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+    """(every constant the package's library reads, by its name there; the names lent from
+    `live`): the model's tensors where the package lends them, the rest unpickled from it."""
+    with zipfile.ZipFile(path) as z:
+        top = z.namelist()[0].split("/", 1)[0]
+        config = json.loads(z.read(f"{top}/{_MODEL_DIR}/weights_config.json"))
+        lent = json.loads(z.read(f"{top}/{_LENT}"))
+        constants = {
+            name: live[lent[name]] if name in lent else _unpickled(z, top, *config[name])
+            for name in config
+        }
+    return constants, frozenset(lent)
+
+
+def _unpickled(z: zipfile.ZipFile, top: str, file: str, shape, stride, offset) -> torch.Tensor:
+    whole = torch.load(io.BytesIO(z.read(f"{top}/data/weights/{file}")), weights_only=True)
+    return torch.as_strided(whole, shape, stride, offset)
+
+
+def lend_weights(built: Path, live: dict[str, torch.Tensor], lifted: list[str], out: Path) -> None:
+    """Write `built` (a package of WEIGHTLESS) to `out` without the constants `live` holds,
+    and with which of them each is: a name export kept (a parameter or buffer), or
+    Inductor's number for the Nth tensor export lifted (`lifted`, in export's order). Each is
+    checked against the pickled copy, so a name read otherwise fails the build."""
+    with zipfile.ZipFile(built) as z:
+        top = z.namelist()[0].split("/", 1)[0]
+        config = json.loads(z.read(f"{top}/{_MODEL_DIR}/weights_config.json"))
+        numbered = [fqn for fqn in lifted if fqn not in config]
+        lent = {}
+        for name, (file, shape, stride, offset) in config.items():
+            if name in live:
+                fqn = name
+            elif name.startswith(_NUMBERED) and int(name[len(_NUMBERED) :]) < len(numbered):
+                fqn = numbered[int(name[len(_NUMBERED) :])]
+            else:
+                continue  # Inductor's own constant: it stays pickled
+            stored = _unpickled(z, top, file, shape, stride, offset)
+            if not _same(stored, live[fqn]):
+                raise RuntimeError(f"the package's constant {name} is not the model's {fqn}")
+            lent[name] = fqn
+        kept = {config[name][0] for name in config if name not in lent}
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as w:
+            for info in z.infolist():
+                inner = info.filename.split("/", 1)[1]
+                if inner.startswith("data/weights/") and inner.rsplit("/", 1)[1] not in kept:
+                    continue
+                w.writestr(info, z.read(info))
+            w.writestr(f"{top}/{_LENT}", json.dumps(lent))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same shape, strides, dtype and bytes."""
+    if (a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype):
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def inputs(
@@ -111,16 +194,28 @@ def build_package(
     sizes = [tuple(t.shape) for t in inputs(*example)]
     kind = "batch" if batch else "drafts"
     kind = "decode-1row" if max_tokens == 1 else f"{kind}-2to{max_tokens}"
-    path = cache_dir / f"{kind}-{_digest(ep, sizes)}.pt2"
-    if path.exists():
-        return PackagedStep(path, built=False, max_tokens=max_tokens)
-    # Inductor's files for it (a second copy of the weights) go once it is packaged; the
-    # package is moved into place whole, so a reader sees all of it or none
-    with tempfile.TemporaryDirectory(dir=cache_dir) as work, temporary_cache_dir(work):
-        partial = Path(work) / "package.pt2"
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(partial))
-        os.replace(partial, path)
-    return PackagedStep(path, built=True, max_tokens=max_tokens)
+    live = {
+        name: t
+        for name, t in {**ep.state_dict, **ep.constants}.items()
+        if isinstance(t, torch.Tensor)
+    }
+    lifted = [
+        spec.target
+        for spec in ep.graph_signature.input_specs
+        if spec.kind == InputKind.CONSTANT_TENSOR and spec.target is not None
+    ]
+    with torch._inductor.config.patch(WEIGHTLESS):  # in the name too, through the settings
+        path = cache_dir / f"{kind}-{_digest(ep, sizes)}.pt2"
+        if path.exists():
+            return PackagedStep(path, built=False, live=live, max_tokens=max_tokens)
+        # Inductor's files for it (a copy of the weights) go once it is packaged; the
+        # package is moved into place whole, so a reader sees all of it or none
+        with tempfile.TemporaryDirectory(dir=cache_dir) as work, temporary_cache_dir(work):
+            built = Path(work) / "built.pt2"
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(built))
+            lend_weights(built, live, lifted, Path(work) / "package.pt2")
+            os.replace(Path(work) / "package.pt2", path)
+    return PackagedStep(path, built=True, live=live, max_tokens=max_tokens)
 
 
 def _digest(ep: torch.export.ExportedProgram, sizes: list) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -381,8 +382,9 @@ def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_pat
 
 def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
     """The one-row package (compiled_aot.py) is loaded, not built, at a second start with
-    the same weights, and gives the same step; weights that differ by one value get a
-    package of their own, whose step follows them; without it, Dynamo's graph takes one
+    the same weights, and gives the same step; it holds no copy of them (the model's are
+    lent to it, so a package reads a weight changed in place); weights that differ by one
+    value get a package of their own, whose step follows them; without it, Dynamo's graph takes one
     row (aot=False, or a package that fails to build, which says why)."""
     from stemma.runtime.executor import compiled_aot
     from stemma.runtime.executor.memory import KVPool
@@ -413,11 +415,23 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
         want = decode_graph.decode_graph(net, *small, torch.tensor([5]), pool.k, pool.v,
                                      dense[:half], dense[half:])  # fmt: skip
     assert torch.allclose(step(first), want, atol=1e-6) and torch.equal(step(again), step(first))
+    # the library holds no weights: the model's own tensors are lent to it, and the package
+    # keeps only the constants Inductor made
+    package = first._single
+    assert package.constants["model.norm.weight"].data_ptr() == net.norm.weight.data_ptr()
+    with zipfile.ZipFile(package.path) as z:
+        pickled = [name for name in z.namelist() if "/data/weights/" in name]
+    assert package.lent and len(pickled) == len(package.constants) - len(package.lent)
+    before = step(first)
     with torch.no_grad():
         net.norm.weight[0] += 1.0
     changed = compiled.CompiledDecode.build(net, pool, 1, cache)
     assert changed._single.built and changed._single.path != first._single.path
-    assert not torch.allclose(step(changed), step(first))
+    with torch.inference_mode():
+        want = decode_graph.decode_graph(net, *small, torch.tensor([5]), pool.k, pool.v,
+                                     dense[:half], dense[half:])  # fmt: skip
+    assert torch.allclose(step(changed), want, atol=1e-6) and not torch.allclose(want, before)
+    assert torch.equal(step(first), step(changed))  # it reads the weights in place
     kept = sorted(p.name for p in (tmp_path / "aot").iterdir())  # no partial file, no work dir
     assert kept == sorted(p.name for p in (first._single.path, changed._single.path))
 
