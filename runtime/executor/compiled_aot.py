@@ -210,7 +210,15 @@ def build_package(
             return PackagedStep(path, built=False, live=live, max_tokens=max_tokens)
         # Inductor's files for it (a copy of the weights) go once it is packaged; the
         # package is moved into place whole, so a reader sees all of it or none
-        with tempfile.TemporaryDirectory(dir=cache_dir) as work, temporary_cache_dir(work):
+        with (
+            tempfile.TemporaryDirectory(dir=cache_dir) as work,
+            temporary_cache_dir(work),
+            # the compile writes this CPU's facts into Inductor's settings in place; a dict
+            # of its own keeps them out of the process's, which Dynamo's graphs compiled
+            # after it hash into their cache keys (else a start that loads the package,
+            # compiling nothing here, finds none of the graphs a cold start cached)
+            torch._inductor.config.patch({"aot_inductor.metadata": {}}),
+        ):
             built = Path(work) / "built.pt2"
             torch._inductor.aoti_compile_and_package(ep, package_path=str(built))
             lend_weights(built, live, lifted, Path(work) / "package.pt2")

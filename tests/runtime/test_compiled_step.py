@@ -407,7 +407,10 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
         with torch.inference_mode():
             return graph._single(compiled_aot.inputs(*args)).clone()
 
-    first = compiled.CompiledDecode.build(net, pool, 1, cache)
+    with torch._inductor.config.patch({"aot_inductor.metadata": {}}):
+        first = compiled.CompiledDecode.build(net, pool, 1, cache)
+        # the build leaves Inductor's settings, which Dynamo's cache keys hold, as they were
+        assert torch._inductor.config.aot_inductor.metadata == {}
     again = compiled.CompiledDecode.build(net, pool, 1, cache)
     assert first._single.built and not again._single.built
     assert again._single.path == first._single.path
