@@ -92,15 +92,21 @@ def baseline_tree(commit: str) -> Path:
     return tree
 
 
+def package_dir(tree: Path) -> Path:
+    """A folder beside `tree` whose `stemma` is `tree` (made once): a process started there
+    with it as PYTHONPATH imports that tree's stemma."""
+    pkg = tree.parent / f".{tree.name}-pkg"
+    pkg.mkdir(exist_ok=True)
+    if not (pkg / "stemma").exists():
+        (pkg / "stemma").symlink_to(tree)
+    return pkg
+
+
 class Side:
     """One tree's engine in its own process; `stemma` resolves to that tree."""
 
     def __init__(self, tree: Path, model: str, dtype: str, options: str = "{}"):
-        pkg = tree.parent / f".{tree.name}-pkg"
-        pkg.mkdir(exist_ok=True)
-        link = pkg / "stemma"
-        if not link.exists():
-            link.symlink_to(tree)
+        pkg = package_dir(tree)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, model, dtype, options, REWRITE_ASK],
             stdin=subprocess.PIPE,

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .ab_engine import REPO, baseline_tree
+from .ab_engine import REPO, baseline_tree, package_dir
 from .common import append_results, bench_parser, git_commit, print_table
 
 CHILD = r"""
@@ -47,10 +47,7 @@ def start(tree: Path | None, model: str, dtype: str, cache: Path, options: str) 
     """One start in a fresh process whose `stemma` is `tree`'s (None: this checkout's)."""
     env, cwd = dict(os.environ), REPO.parent
     if tree is not None:
-        cwd = tree.parent / f".{tree.name}-pkg"  # as ab_engine.Side lays it out
-        cwd.mkdir(exist_ok=True)
-        if not (cwd / "stemma").exists():
-            (cwd / "stemma").symlink_to(tree)
+        cwd = package_dir(tree)
         env["PYTHONPATH"] = str(cwd)
     out = subprocess.run(
         [sys.executable, "-c", CHILD, model, dtype, str(cache), options],

@@ -218,13 +218,12 @@ class CompiledDecode:
         `aot_dir` is set, the package of decode steps of 2 to package_span requests, at most
         BATCH_PACKAGE_ROWS (Dynamo's graph keeps those rows for steps verifying several
         requests' drafts). With `verifies_one_request`, one request's drafts' package where
-        `aot_dir` is set (up to
-        package_span tokens), and the row counts past it again over one request's copy (its
-        longer drafts' steps: Dynamo specializes a size of one). It writes K/V into the pool's
-        first slots after the padding slot, which no request holds yet. A row count that fails
-        to compile (a form Inductor cannot lower) caps max_rows below its span; at one row it raises
-        (the engine then runs eager and says why); over one request, it leaves one request's
-        longer drafts to eager steps."""
+        `aot_dir` is set (up to package_span tokens), and the row counts past it again over
+        one request's copy (its longer drafts' steps: Dynamo specializes a size of one). It
+        writes K/V into the pool's first slots after the padding slot, which no request holds
+        yet. A row count that fails to compile (a form Inductor cannot lower) caps max_rows
+        below its span; at one row it raises (the engine then runs eager and says why); over
+        one request, it leaves one request's longer drafts to eager steps."""
         for rows in self.warm_up_rows():
             example = self._example(pool, rows, rows)
             if rows == 1 and self.aot_dir is not None:

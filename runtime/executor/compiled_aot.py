@@ -107,14 +107,19 @@ def package_constants(
     """(every constant the package's library reads, by its name there; the names lent from
     `live`): the model's tensors where the package lends them, the rest unpickled from it."""
     with zipfile.ZipFile(path) as z:
-        top = z.namelist()[0].split("/", 1)[0]
-        config = json.loads(z.read(f"{top}/{_MODEL_DIR}/weights_config.json"))
+        top, config = _weights_config(z)
         lent = json.loads(z.read(f"{top}/{_LENT}"))
         constants = {
             name: live[lent[name]] if name in lent else _unpickled(z, top, *config[name])
             for name in config
         }
     return constants, frozenset(lent)
+
+
+def _weights_config(z: zipfile.ZipFile) -> tuple[str, dict[str, list]]:
+    """(the package's top folder, its constants: name -> [file, shape, stride, offset])."""
+    top = z.namelist()[0].split("/", 1)[0]
+    return top, json.loads(z.read(f"{top}/{_MODEL_DIR}/weights_config.json"))
 
 
 def _unpickled(z: zipfile.ZipFile, top: str, file: str, shape, stride, offset) -> torch.Tensor:
@@ -128,15 +133,15 @@ def lend_weights(built: Path, live: dict[str, torch.Tensor], lifted: list[str], 
     Inductor's number for the Nth tensor export lifted (`lifted`, in export's order). Each is
     checked against the pickled copy, so a name read otherwise fails the build."""
     with zipfile.ZipFile(built) as z:
-        top = z.namelist()[0].split("/", 1)[0]
-        config = json.loads(z.read(f"{top}/{_MODEL_DIR}/weights_config.json"))
+        top, config = _weights_config(z)
         numbered = [fqn for fqn in lifted if fqn not in config]
         lent = {}
         for name, (file, shape, stride, offset) in config.items():
+            n = int(name[len(_NUMBERED) :]) if name.startswith(_NUMBERED) else None
             if name in live:
                 fqn = name
-            elif name.startswith(_NUMBERED) and int(name[len(_NUMBERED) :]) < len(numbered):
-                fqn = numbered[int(name[len(_NUMBERED) :])]
+            elif n is not None and n < len(numbered):
+                fqn = numbered[n]
             else:
                 continue  # Inductor's own constant: it stays pickled
             stored = _unpickled(z, top, file, shape, stride, offset)
