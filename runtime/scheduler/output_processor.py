@@ -86,12 +86,16 @@ class OutputProcessor:
             active = self.sample_round(active, round_idx, logits)
             round_idx += 1
         done: list[Req] = []
+        if self.budget is not None:
+            self.budget.begin_drafts(batch.reqs)
         for req in batch.reqs:
             if req.finish is None and not req.is_prefilling and not req.draft:
                 with failing_alone(req, num_verified=None):
                     req.finish = self.check_finish(req)
                     if req.finish is None and self.drafts:
                         make_draft(req, self.drafts, self.context_len)
+                        if self.budget is not None and not (req.draft and req.speculative_draft):
+                            self.budget.missed(req)
             if req.finish is not None:
                 mark_closed_early(req)
                 done.append(req)

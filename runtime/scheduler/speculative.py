@@ -91,6 +91,9 @@ class DraftBudget:
     hopeless: bool | None = None
     together: bool = False
     value: float = 0.0
+    # this step: the most tokens a request looking drafts up has left to sample (the
+    # requests whose drafts a lockstep plan needs; begin_drafts, missed)
+    top_left: int = 0
     # Lockstep steps lately (decayed by LOCKSTEP_DECAY a step): by j, how many aimed to end
     # the batch at least j steps sooner and how many did; and the plan verified next, as
     # (request, tokens it had left, its tokens confirmed so far) and the steps it aimed at
@@ -240,14 +243,8 @@ class DraftBudget:
             return known
         if self.per_token <= 0:
             return self.max_tokens  # nothing measured yet: tried
-        if self.hopeless is None:  # every request's drafts, each token sure to stand
-            b, n, self.value = self.batch_size, self.max_tokens, self.token_value
-            self.together = self.in_lockstep(b) and self.steps_pay(b, n)
-            self.hopeless = (
-                not self.together and self.best(np.ones(b * n), b, False, self.value) == 0
-            )
-        # (priced as a step without a constraint's forced text, which would leave the decode
-        # path anyway: such a step may verify fewer speculative drafts than would pay)
+        if self.hopeless is None:
+            self._price_step()
         if self.hopeless:  # settle would drop them all: none is looked up
             return 0
         if self.together:  # what the others draft decides what this one's are worth: settle
@@ -256,6 +253,43 @@ class DraftBudget:
         chances = acceptance(req, self.prior) ** np.arange(1, self.max_tokens + 1)
         self.lengths[key] = found = self.best(chances, self.batch_size, True, self.value)
         return found
+
+    def _price_step(self) -> None:
+        """Whether this step's drafts could pay at all, each token sure to stand: in
+        lockstep (`together`), or each request's alone (else `hopeless` where none could).
+        (Priced as a step without a constraint's forced text, which would leave the decode
+        path anyway: such a step may verify fewer speculative drafts than would pay.)"""
+        b, n, self.value = self.batch_size, self.max_tokens, self.token_value
+        self.together = self.in_lockstep(b) and self.steps_pay(b, n)
+        self.hopeless = not self.together and self._alone_hopeless()
+
+    def _alone_hopeless(self) -> bool:
+        b = self.batch_size
+        return self.best(np.ones(b * self.max_tokens), b, False, self.value) == 0
+
+    def begin_drafts(self, reqs: list[Req]) -> None:
+        """Before a step's requests look drafts up: the most tokens one of them has left."""
+        left = (
+            r.params.max_new_tokens - len(r.output_ids)
+            for r in reqs
+            if r.finish is None and not r.is_prefilling
+        )
+        self.top_left = max(left, default=0)
+
+    def missed(self, req: Req) -> None:
+        """`req` has no speculative draft this step. Where it is one of the requests the
+        batch's end waits for (the most tokens left), no lockstep plan can save a step
+        (lockstep_plan needs a draft from each of them), so the requests after it are priced
+        alone, by their rows: at a large batch that is hopeless, and they look nothing up (a
+        batch of 32 random prompts, eager: 1.2% of the run in lookups and pricing that
+        settle then dropped)."""
+        if self.max_tokens <= 0 or self.per_token <= 0:
+            return
+        if self.hopeless is None:
+            self._price_step()
+        if self.together and req.params.max_new_tokens - len(req.output_ids) >= self.top_left:
+            self.together = False
+            self.hopeless = self._alone_hopeless()
 
     def settle(self, reqs: list[Req]) -> None:
         """Keep of the step's speculative drafts the likeliest tokens that, together, save
@@ -350,8 +384,8 @@ class RadixDraft:
 
     def propose(self, req: Req) -> list[int]:
         node = req.last_node
-        if node is None or not node.is_attached:
-            return []
+        if node is None or not node.is_attached or not node.children:
+            return []  # (no children: the tree holds nothing past the request's prefix)
         limit = self.budget.length(req)
         if limit <= 0:
             return []

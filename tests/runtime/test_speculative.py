@@ -341,6 +341,30 @@ def test_a_batch_in_lockstep_keeps_the_drafts_that_save_it_whole_steps():
     assert sum(r.num_draft_tokens for r in (*behind, *ahead)) == 7
 
 
+def test_a_batch_whose_last_request_finds_no_draft_looks_up_nothing_more():
+    """In lockstep every request looks up all it may, since together their drafts could
+    save the batch whole steps; once one of the requests the batch's end waits for (the
+    most tokens left) has found none, no step can be saved, and the rest are priced alone,
+    by their rows: here hopeless, so they look nothing up. A request with fewer tokens
+    left needs no draft for the batch to end sooner, so its miss changes nothing."""
+    budget = DraftBudget(7, fitted(0.030, 0.0005, 0.020), batch_size=8, waiting=lambda: 0)
+    behind = make_req([1, 2], [7] * 3)
+    reqs = [make_req([1, 2], [7]) for _ in range(6)]
+    for r in (behind, *reqs):
+        r.kv_len = r.seq_len - 1  # decoding: the newest token lacks K/V
+    budget.begin_drafts([behind, *reqs])
+    assert budget.top_left == 63
+    assert budget.length(reqs[0]) == 7 and budget.together
+    budget.missed(behind)
+    assert budget.length(reqs[1]) == 7 and budget.together
+    budget.missed(reqs[2])
+    assert not budget.together and budget.hopeless
+    assert budget.length(reqs[3]) == 0
+    # the next step starts over (observe clears the step's pricing)
+    budget.observe(ScheduledBatch(reqs=[], num_new=[], is_prefill=[]), 0.0)
+    assert budget.length(reqs[4]) == 7 and budget.together
+
+
 def test_what_lockstep_steps_saved_decides_the_next_ones():
     """The chance that a lockstep step saves j steps is what such steps saved lately: a batch
     whose drafts all stood goes on drafting together, one whose drafts were refused stops,
