@@ -38,45 +38,9 @@ from typing import Any
 import httpx
 
 from ..runtime.dtype_policy import cpu_isa
-from .common import append_results, print_table
+from .common import ANCHOR_ASKS, PASSAGE, append_results, print_table
 
-PASSAGE = (
-    "The lighthouse keeper climbed the spiral stairs each evening, counting the steps "
-    "aloud, polishing the great lens, and writing the weather into a leather log book. "
-)
 TOPICS = ["tides", "storms", "ships", "birds", "lamps", "maps", "fog", "stars"]
-CODE = '''import json
-from pathlib import Path
-
-
-def parse_config(path, defaults=None):
-    """Read a JSON config file and fill in the defaults it does not set."""
-    settings = dict(defaults or {})
-    text = Path(path).read_text(encoding="utf-8")
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be an object")
-    for key, value in data.items():
-        if key.startswith("_"):
-            continue
-        settings[key] = value
-    return settings
-
-
-def merge_configs(paths, defaults=None):
-    """Parse every config in order; later files win."""
-    merged = dict(defaults or {})
-    for path in paths:
-        merged.update(parse_config(path))
-    return merged
-
-
-def save_config(path, settings):
-    """Write the settings back, sorted, with a trailing newline."""
-    text = json.dumps(settings, indent=2, sort_keys=True)
-    Path(path).write_text(text + "\\n", encoding="utf-8")
-    return len(text)
-'''
 
 LLAMA_SERVER = """
 import sys, time, xllamacpp as x
@@ -188,7 +152,7 @@ def chat(client: httpx.Client, url: str, messages: list[dict], max_tokens: int) 
 
 
 def run_single(client: httpx.Client, url: str, salt: int) -> int:
-    ask = f"({salt}) " + PASSAGE + "Continue this story for a while."
+    ask = ANCHOR_ASKS["single"](salt)
     return chat(client, url, [{"role": "user", "content": ask}], 128)[1]
 
 
@@ -204,15 +168,12 @@ def run_conversation(client: httpx.Client, url: str, topic: str, salt: int) -> i
 
 
 def run_free(client: httpx.Client, url: str, salt: int) -> int:
-    ask = f"({salt}) List some questions a child might ask about the night sky, with answers."
+    ask = ANCHOR_ASKS["free"](salt)
     return chat(client, url, [{"role": "user", "content": ask}], 128)[1]
 
 
 def run_rewrite(client: httpx.Client, url: str, salt: int) -> int:
-    ask = (
-        f"({salt}) Rewrite this code with the function parse_config renamed to load_config. "
-        f"Reply with the whole code only.\n\n```python\n{CODE}```"
-    )
+    ask = ANCHOR_ASKS["rewrite"](salt)
     return chat(client, url, [{"role": "user", "content": ask}], 320)[1]
 
 

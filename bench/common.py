@@ -23,6 +23,55 @@ PARAGRAPH = (
 )
 REWRITE_ASK = f"Repeat this paragraph word for word.\n\n{PARAGRAPH}"  # the rewrite case
 
+# The anchors' workloads of one request (bench/anchors.py), each ask marked by a salt so that
+# no two share a cached answer; drafts_ab runs them too (--prompt)
+PASSAGE = (
+    "The lighthouse keeper climbed the spiral stairs each evening, counting the steps "
+    "aloud, polishing the great lens, and writing the weather into a leather log book. "
+)
+CODE = '''import json
+from pathlib import Path
+
+
+def parse_config(path, defaults=None):
+    """Read a JSON config file and fill in the defaults it does not set."""
+    settings = dict(defaults or {})
+    text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be an object")
+    for key, value in data.items():
+        if key.startswith("_"):
+            continue
+        settings[key] = value
+    return settings
+
+
+def merge_configs(paths, defaults=None):
+    """Parse every config in order; later files win."""
+    merged = dict(defaults or {})
+    for path in paths:
+        merged.update(parse_config(path))
+    return merged
+
+
+def save_config(path, settings):
+    """Write the settings back, sorted, with a trailing newline."""
+    text = json.dumps(settings, indent=2, sort_keys=True)
+    Path(path).write_text(text + "\\n", encoding="utf-8")
+    return len(text)
+'''
+ANCHOR_ASKS: dict[str, Callable[[object], str]] = {
+    "single": lambda salt: f"({salt}) " + PASSAGE + "Continue this story for a while.",
+    "free": lambda salt: (
+        f"({salt}) List some questions a child might ask about the night sky, with answers."
+    ),
+    "rewrite": lambda salt: (
+        f"({salt}) Rewrite this code with the function parse_config renamed to load_config. "
+        f"Reply with the whole code only.\n\n```python\n{CODE}```"
+    ),
+}
+
 
 def git_commit() -> str:
     """HEAD's short hash (-dirty with local changes); STEMMA_BENCH_COMMIT names it where the
@@ -294,21 +343,32 @@ def bench_parser(doc: str | None, dtype: str = "auto") -> argparse.ArgumentParse
 
 def add_decode_rounds(p: argparse.ArgumentParser, batches: str) -> None:
     """The options of a decode A/B over rounds: --batches, --new, --rounds and --prompt
-    (random 32-token prompts, or chat requests to repeat a paragraph: the rewrite case)."""
+    (random 32-token prompts, chat requests to repeat a paragraph: the rewrite case, or the
+    anchors' one-request workloads as chat requests: anchors-single, anchors-free,
+    anchors-rewrite)."""
     p.add_argument("--batches", default=batches)
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--prompt", choices=["random", "rewrite"], default="random")
+    p.add_argument(
+        "--prompt",
+        choices=["random", "rewrite", *(f"anchors-{k}" for k in ANCHOR_ASKS)],
+        default="random",
+    )
 
 
 def round_prompts(
     kind: str, batch: int, r: int, vocab_size: int, template: Callable, rng: Any
 ) -> dict[str, Any]:
     """One round's prompts, as generate's keyword arguments: random 32-token ones, or chat
-    requests (through `template`, the engine's apply_chat_template) to repeat a paragraph,
-    each marked with the round and its place so that no two share a cached answer."""
+    requests (through `template`, the engine's apply_chat_template) to repeat a paragraph or
+    of one of the anchors' workloads (`anchors-NAME`), each marked with the round and its
+    place so that no two share a cached answer."""
     if kind == "random":
         ids = [[rng.randrange(100, vocab_size) for _ in range(32)] for _ in range(batch)]
         return {"input_ids": ids}
+    if kind.startswith("anchors-"):
+        ask = ANCHOR_ASKS[kind.removeprefix("anchors-")]
+        chats = [[{"role": "user", "content": ask(f"{r}.{i}")}] for i in range(batch)]
+        return {"text": [template(c) for c in chats]}
     chats = [[{"role": "user", "content": f"({r}.{i}) {REWRITE_ASK}"}] for i in range(batch)]
     return {"text": [template(c) for c in chats]}
