@@ -14,10 +14,12 @@ untimed first. The prefix cache is flushed
 before every run, so that no run drafts the other's answer from it. The draft budget's state
 (its cost fit, what recent drafts did) carries across rounds, as in a serving engine.
 
-Per batch size: decode tokens/s with drafts and without (greedy, EOS ignored; distinct random
-32-token prompts, or with --prompt rewrite chat requests to repeat a paragraph), the median
-over rounds of the off run's seconds over the on run's (above 1 = drafting faster) and the
-share of requests with the same tokens, and the draft tokens each side proposed (none off).
+Per batch size: decode tokens/s with drafts and without (greedy, or seeded sampling at
+--temperature; EOS ignored; distinct random 32-token prompts, with --prompt rewrite chat
+requests to repeat a paragraph, with --prompt anchors-NAME the anchors' workload NAME),
+the median over rounds of the off run's seconds over the on run's (above 1 = drafting
+faster) and the share of requests with the same tokens, and the draft tokens each side
+proposed (none off).
 Results: bench/results/drafts_ab.jsonl.
 """
 
@@ -41,6 +43,13 @@ from .common import (
 def main(argv: list[str] | None = None) -> None:
     p = bench_parser(__doc__)
     p.add_argument("--engine", default="{}", help="more engine options, as JSON")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature (each request seeded by its round and place, the "
+        "same seeds on both sides); 0: greedy",
+    )
     add_decode_rounds(p, batches="1,8,32,64")
     args = p.parse_args(argv)
     options = json.loads(args.engine)
@@ -56,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         forced = [s for s in sources if not s.speculative]  # the constraint's, kept on both
         rng = random.Random(0)
         for batch in [int(b) for b in args.batches.split(",")]:
-            params = {"max_new_tokens": args.new, "temperature": 0, "ignore_eos": True}
+            params = {"max_new_tokens": args.new, "temperature": args.temperature}
+            params["ignore_eos"] = True
             times: dict[str, list[float]] = {"on": [], "off": []}
             outs: dict[str, list[list[int]]] = {}
             drafted = {"on": 0, "off": 0}  # draft tokens proposed, all rounds
@@ -66,14 +76,14 @@ def main(argv: list[str] | None = None) -> None:
             engine.flush_cache()
             vocab, template = engine.vocab_size, engine.apply_chat_template
             first = round_prompts(args.prompt, batch, -1, vocab, template, rng)
-            engine.generate(sampling_params=[params] * batch, **first)
+            engine.generate(sampling_params=seeded(params, -1, batch), **first)
             for r in range(args.rounds):
                 kwargs = round_prompts(args.prompt, batch, r, vocab, template, rng)
                 for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
                     engine.outputs.drafts[:] = sources if side == "on" else forced
                     engine.flush_cache()
                     start = time.perf_counter()
-                    res = engine.generate(sampling_params=[params] * batch, **kwargs)
+                    res = engine.generate(sampling_params=seeded(params, r, batch), **kwargs)
                     times[side].append(time.perf_counter() - start)
                     outs[side] = [o["output_ids"] for o in res]
                     drafted[side] += sum(
@@ -88,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                     "dtype": engine.dtype.name,
                     "engine": options,
                     "prompt": args.prompt,
+                    "temperature": args.temperature,
                     "batch": batch,
                     "new_tokens": args.new,
                     "rounds": args.rounds,
@@ -102,6 +113,15 @@ def main(argv: list[str] | None = None) -> None:
             )
             print_table(rows[-1:], [k for k in rows[-1] if k not in ("seconds", "engine")])
     print("appended to", append_results("drafts_ab", rows))
+
+
+def seeded(params: dict[str, Any], r: int, batch: int) -> list[dict[str, Any]]:
+    """Each request's sampling params; sampled ones seeded by round and place, so that
+    both sides draw with the same seeds (drafts verified exactly keep a seeded request's
+    draws: the two sides then differ only where bfloat16 rounds otherwise)."""
+    if not params["temperature"]:
+        return [params] * batch
+    return [{**params, "seed": 1000 * (r + 1) + i} for i in range(batch)]
 
 
 if __name__ == "__main__":

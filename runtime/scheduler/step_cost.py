@@ -13,6 +13,10 @@ import math
 import numpy as np
 
 COST_WINDOW = 256  # steps the row-cost fit remembers
+# Decode steps after which what a span (or one term of its fit) last measured is forgotten,
+# so that it is tried, and measured, again: drafts priced at a busy moment (another job on
+# the cores) would otherwise stay priced so for good, since only draft steps measure them
+STALE_STEPS = 4 * COST_WINDOW
 
 
 class SpanCost:
@@ -20,7 +24,8 @@ class SpanCost:
     ones: T = base + per_row * rows + per_draft_step * [the step verifies drafts]. The last
     term is what leaving the attention backend's one-row decode path costs, whatever the rows.
     A term whose feature has not varied yet keeps its last value (zero at first: drafting is
-    tried, and so measured). No term is negative: the fit is least squares under that bound,
+    tried, and so measured), for STALE_STEPS steps after it last varied in the window, and
+    is zero again after that. No term is negative: the fit is least squares under that bound,
     where clamping a negative term of the unbounded solve would leave the others fitted
     beside it (a span of 5-8 rows priced a plain step at 0.2 s, against 22 ms
     measured, so every draft looked as if it saved time)."""
@@ -35,8 +40,14 @@ class SpanCost:
         self._moments = [[0.0] * 4 for _ in range(4)]
         self.num_samples = 0  # steps recorded, all told
         self.base, self.per_row, self.per_draft_step = 0.0, 0.0, 0.0
+        self.last_tick = 0  # the step (StepCost's count) this span last recorded
+        self._varied_at = [0, 0]  # the step at which rows, and drafted, last varied
 
-    def record(self, rows: int, drafted: bool, seconds: float) -> None:
+    def record(self, rows: int, drafted: bool, seconds: float, tick: int | None = None) -> None:
+        """One step's seconds; `tick`: the step's number among all spans' (StepCost's count;
+        this span's own count where None)."""
+        tick = self.num_samples + 1 if tick is None else tick
+        self.last_tick = tick
         window, m = len(self._ring), self._moments
         slot = self.num_samples % window
         z, old = (1.0, float(rows), float(drafted), float(seconds)), self._ring[slot]
@@ -51,7 +62,15 @@ class SpanCost:
             ]
         n = m[0][0]  # a feature varied where its variance is above zero (exact: integers)
         varied = [0, *(j for j in (1, 2) if n * m[j][j] - m[0][j] ** 2 > 0)]
-        kept = (0.0, self.per_row, self.per_draft_step)  # where a feature has not varied
+        for j in varied[1:]:
+            self._varied_at[j - 1] = tick
+        kept = (  # where a feature has not varied: its last value, while fresh
+            0.0,
+            *(
+                value if tick - at <= STALE_STEPS else 0.0
+                for value, at in zip((self.per_row, self.per_draft_step), self._varied_at)
+            ),
+        )
         self.base, self.per_row, self.per_draft_step = _fit_non_negative(m, varied, kept)
 
 
@@ -111,18 +130,29 @@ class StepCost:
     counts past which some linear multiplies by another kernel (layers.form_row_limits) or
     the compiled step leaves the step to eager (its max_rows), as the cost jumps there. A
     span no step has reached yet is priced as the nearest one below it that a step has (so
-    crossing a limit is tried, and so measured)."""
+    crossing a limit is tried, and so measured), and so is a span no step has reached in
+    STALE_STEPS steps, whose samples are forgotten as the next one comes."""
 
     def __init__(self, limits: tuple[int, ...] | list[int] = (), window: int = COST_WINDOW):
         self.limits = np.array(sorted(set(limits)), dtype=np.int64)
+        self.window = window
         self.spans = [SpanCost(window) for _ in range(len(self.limits) + 1)]
         self.coef: np.ndarray | None = None  # [base, per_row, per_draft_step] x span
+        self.tick = 0  # steps recorded, all spans together
 
     def span(self, rows: int) -> SpanCost:
         return self.spans[int(np.searchsorted(self.limits, rows))]
 
+    def fresh(self, span: SpanCost) -> bool:
+        """Whether the span has a measurement, from the last STALE_STEPS steps."""
+        return span.num_samples > 0 and self.tick - span.last_tick <= STALE_STEPS
+
     def record(self, rows: int, drafted: bool, seconds: float) -> None:
-        self.span(rows).record(rows, drafted, seconds)
+        self.tick += 1
+        i = int(np.searchsorted(self.limits, rows))
+        if self.spans[i].num_samples and not self.fresh(self.spans[i]):
+            self.spans[i] = SpanCost(self.window)  # stale: measured afresh
+        self.spans[i].record(rows, drafted, seconds, self.tick)
         self.coef = None
 
     def seconds(self, rows, drafted: bool = False):
@@ -130,7 +160,7 @@ class StepCost:
         if self.coef is None:
             coef, measured = [], (0.0, 0.0, 0.0)
             for span in self.spans:
-                if span.num_samples:
+                if self.fresh(span):
                     measured = (span.base, span.per_row, span.per_draft_step)
                 coef.append(measured)
             self.coef = np.array(coef).T

@@ -22,7 +22,7 @@ from stemma.runtime.scheduler.speculative import (
     NGramDraft,
     acceptance,
 )
-from stemma.runtime.scheduler.step_cost import StepCost
+from stemma.runtime.scheduler.step_cost import COST_WINDOW, STALE_STEPS, StepCost
 
 PARAGRAPH = (
     "The old lighthouse stood at the edge of the cliff for more than a century. Every night "
@@ -637,6 +637,38 @@ def test_a_plain_step_is_priced_near_what_plain_steps_took():
     (span,) = cost.spans
     assert min(span.base, span.per_row, span.per_draft_step) >= 0
     assert cost.seconds(8, False) == pytest.approx(0.0236, rel=0.05)
+
+
+def test_what_the_fit_has_not_measured_in_a_while_is_tried_again():
+    """Drafts measured at a busy moment (another job on the cores) would stay priced so for
+    good, since only draft steps measure them: one request whose plain steps are fast again,
+    and whose drafts priced so never pay, never drafts to measure them anew. After
+    STALE_STEPS steps without them, a span's samples, and a term its steps no longer vary,
+    are forgotten: priced as never measured, the drafts are tried."""
+    cost = StepCost(limits=[4])  # 1-4 rows, 5-8 rows
+    for rows in (1, 3, 1, 4, 1, 2):  # busy: a row 6 ms, leaving the decode path 30 ms
+        cost.record(rows, rows > 1, 0.016 + 0.006 * rows + 0.030 * (rows > 1))
+    for _ in range(3):
+        cost.record(8, True, 0.016 + 0.006 * 8 + 0.030)
+    budget = DraftBudget(max_tokens=7, cost=cost, batch_size=1)
+    sure = make_req([1, 2])
+    sure.num_forced_tokens = 98  # a = 0.99
+    plain = ScheduledBatch(reqs=[sure], is_prefill=[False], num_new=[1])
+    for _ in range(COST_WINDOW):  # quiet again: one row 10 ms
+        budget.observe(plain, 0.010)
+    assert cost.seconds(1) == pytest.approx(0.010)
+    budget.settle([drafted(sure, 7)])  # ~6.7 tokens (67 ms) < 30 ms + 7 rows as measured
+    assert sure.draft == []
+    for _ in range(STALE_STEPS):
+        budget.observe(plain, 0.010)
+    below, past = cost.spans
+    assert below.per_row == below.per_draft_step == 0.0
+    assert cost.seconds(8, True) == cost.seconds(1) == pytest.approx(0.010)
+    budget.settle([drafted(sure, 7)])
+    assert len(sure.draft) == 7
+    cost.record(6, True, 0.040)  # measured afresh: the busy samples are gone
+    assert past.num_samples == 3 and cost.spans[1].num_samples == 1
+    assert cost.seconds(6, True) == pytest.approx(0.040)
 
 
 def test_a_step_that_compiled_is_no_measure_of_step_cost():
