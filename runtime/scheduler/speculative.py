@@ -32,11 +32,13 @@ With no request waiting, a batch steps in lockstep: as often as the request with
 tokens left needs. A token one request gains then frees only its row in later steps
 (`token_value`), but drafts that every request due to end last has, likely to stand, end the
 batch whole steps sooner (`lockstep_plan`: eight requests rewriting the same kind of text);
-`settle` keeps whichever of the two plans saves more. The chance of saving j steps is what
-lockstep steps saved lately (`steps_chance`, one half before any): a batch's requests copy or
-do not together, where the product of eight requests' own chances would never try. Its
-counts fade a step (`LOCKSTEP_DECAY`), so a batch whose drafts stood goes on drafting, one
-whose drafts were refused stops, and tries again some hundreds of steps later.
+`settle` keeps whichever of the two plans saves more; once one of the requests the batch's
+end waits for has found no draft, no step can be saved, and the step's other requests are
+priced alone (`missed`: at a large batch they then look nothing up). The chance of saving j
+steps is what lockstep steps saved lately (`steps_chance`, one half before any): a batch's
+requests copy or do not together, where the product of eight requests' own chances would
+never try. Its counts fade a step (`LOCKSTEP_DECAY`), so a batch whose drafts stood goes on
+drafting, one whose drafts were refused stops, and tries again some hundreds of steps later.
 """
 
 from __future__ import annotations
