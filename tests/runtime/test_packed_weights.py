@@ -111,3 +111,25 @@ def test_plain_greedy_reads_bf16_logits_and_chooses_as_float32(
         assert set(seen) == {torch.bfloat16 if mode == "plain" else torch.float32}
         outputs[mode] = [r.output_ids for r in reqs]
     assert outputs["plain"] == outputs["logprobs"]
+
+
+def test_a_packed_weight_takes_the_lowest_number_no_live_form_holds() -> None:
+    """A packed weight's number is a constant of the compiled graph, so of Inductor's cache
+    key: a model's weights take the same numbers whatever forms came and went before them in
+    the process (the weight plan's trial forms at a first start), so that the next start,
+    which makes no trial forms, asks for the graphs the first one cached."""
+    import gc
+
+    from stemma.runtime.models.weights import dense
+
+    class Form:  # any object a finalizer can watch: the numbering needs no packed kernel
+        pass
+
+    trials = [Form() for _ in range(5)]
+    taken = [dense._hold(form, torch.zeros(1)) for form in trials]
+    assert len(set(taken)) == 5 and all(dense._HELD[n] is not None for n in taken)
+    del trials
+    gc.collect()
+    assert not set(taken) & set(dense._HELD)  # each left with its form
+    model = [Form() for _ in range(3)]
+    assert [dense._hold(form, torch.zeros(1)) for form in model] == sorted(taken)[:3]

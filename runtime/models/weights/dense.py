@@ -110,11 +110,15 @@ class PackedWeight(WeightForm):
 
 # The packed weights a compiled step multiplies by, by number; each leaves with its form.
 _HELD: dict[int, Tensor] = {}
-_NUMBERS = itertools.count()
 
 
 def _hold(form: PackedWeight, packed: Tensor) -> int:
-    number = next(_NUMBERS)
+    """The lowest number no live form holds. A number is a constant of the compiled graph,
+    part of Inductor's cache key, so a model's weights take the same numbers at every start
+    whatever came before them in the process: a start that first measured the weight plan
+    (its trial forms, gone by then, had taken 0-72 from an ever-growing count) cached graphs
+    that a start reusing the kept verdicts never asked for, and compiled them again."""
+    number = next(n for n in itertools.count() if n not in _HELD)
     _HELD[number] = packed
     weakref.finalize(form, _HELD.pop, number, None)
     return number
