@@ -30,7 +30,8 @@ from .scheduler.batch import ScheduledBatch
 from .scheduler.output_processor import OutputProcessor
 from .scheduler.planner import prepare_step
 from .scheduler.scheduler import Scheduler
-from .scheduler.speculative import DraftBudget, speculative_sources
+from .scheduler.speculative import DraftBudget
+from .scheduler.speculative_sources import speculative_sources
 from .scheduler.step_cost import StepCost
 from .tokenizer import Tokenizer
 from .weight_plan import WeightPlan, plan_weights

@@ -55,7 +55,7 @@ def make_draft(req: Req, sources: list[DraftSource], context_len: int) -> None:
     stopped: at max_new_tokens, and short of the context, whose last position never gets K/V
     (the step that samples it is the request's last)."""
     room = min(
-        req.params.max_new_tokens - len(req.output_ids) - 1,  # the round after the draft
+        req.tokens_left - 1,  # the round after the draft
         context_len - 1 - req.seq_len,
         MAX_DRAFT_TOKENS,
     )

@@ -116,6 +116,11 @@ class Req:
         return self.input_ids + self.output_ids + self.draft
 
     @property
+    def tokens_left(self) -> int:
+        """Tokens it may still sample (max_new_tokens less those sampled)."""
+        return self.params.max_new_tokens - len(self.output_ids)
+
+    @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids) + len(self.draft)
 

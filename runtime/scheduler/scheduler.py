@@ -141,7 +141,7 @@ class Scheduler:
     # ---- memory pressure ------------------------------------------------------------------
     @staticmethod
     def remaining_budget(req: Req) -> int:
-        return max(req.params.max_new_tokens - len(req.output_ids), 0)
+        return max(req.tokens_left, 0)
 
     def reserve_decode_slots(self, decodes: list[Req]) -> list[Req]:
         """Each decode needs one more slot; evict, then retract the newest requests if short."""

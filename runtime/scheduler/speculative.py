@@ -1,10 +1,9 @@
-"""Speculative decoding without a draft model (SGLang's NGRAM algorithm): two draft sources
-after the constraint's forced text. `RadixDraft` proposes what the radix cache holds after
-the request's exact sequence so far (an earlier answer to the same prompt); `NGramDraft`
-proposes what followed the latest earlier occurrence of the request's last n tokens (n from
-`MAX_NGRAM` down to `MIN_NGRAM`) in its own prompt and output: a rewrite, code edited in
-place, a quoted document. Drafts are verified like every draft (draft.py), so a wrong one
-costs only time: its rows in the forward, and a step off the attention backend's decode path.
+"""The draft budget of speculative decoding without a draft model (SGLang's NGRAM
+algorithm): how many tokens each request drafts, and which of a step's drafts are verified.
+The drafts come from the sources in speculative_sources.py (the radix tree, prompt lookup),
+after the constraint's forced text; they are verified like every draft (draft.py), so a
+wrong one costs only time: its rows in the forward, and a step off the attention backend's
+decode path.
 
 `DraftBudget` decides from measurements: the cost of a step (`StepCost`, fitted to the
 engine's own decode steps) and each request's acceptance so far (a geometric model: a draft
@@ -51,14 +50,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .ngram import MAX_NGRAM, MIN_NGRAM, NGramIndex
 from .req import Req
 from .step_cost import StepCost
 
 if TYPE_CHECKING:
-    from ...radix import RadixTree
     from .batch import ScheduledBatch
-    from .draft import DraftSource
 
 # What lockstep drafts saved lately (DraftBudget.together_saved), each count decayed a step,
 # half-life 256 steps: a batch whose drafts saved nothing tries again after about that many
@@ -271,11 +267,7 @@ class DraftBudget:
 
     def begin_drafts(self, reqs: list[Req]) -> None:
         """Before a step's requests look drafts up: the most tokens one of them has left."""
-        left = (
-            r.params.max_new_tokens - len(r.output_ids)
-            for r in reqs
-            if r.finish is None and not r.is_prefilling
-        )
+        left = (r.tokens_left for r in reqs if r.finish is None and not r.is_prefilling)
         self.top_left = max(left, default=0)
 
     def missed(self, req: Req) -> None:
@@ -289,7 +281,7 @@ class DraftBudget:
             return
         if self.hopeless is None:
             self._price_step()
-        if self.together and req.params.max_new_tokens - len(req.output_ids) >= self.top_left:
+        if self.together and req.tokens_left >= self.top_left:
             self.together = False
             self.hopeless = self._alone_hopeless()
 
@@ -311,7 +303,7 @@ class DraftBudget:
         rows, drafted = len(live) + forced, forced > 0
         keep, value = self._best(chances, rows, drafted, self.token_value)
         if self.in_lockstep(len(live)):
-            left = [r.params.max_new_tokens - len(r.output_ids) for r in live]
+            left = [r.tokens_left for r in live]
             plan = self.lockstep_plan(live, left, rows, drafted)
             if plan is not None and plan[1] > value:  # whole steps saved: each keeps its part
                 j, top = plan[0], max(left)
@@ -344,80 +336,3 @@ def acceptance(req: Req, prior: float = 0.5) -> float:
     weight = 0.5 ** (idle / EVIDENCE_HALF_LIFE) if idle > 0 else 1.0
     stood, cut = weight * req.num_forced_tokens, weight * req.num_drafts_cut
     return (stood + 2 * prior) / (stood + cut + 2)
-
-
-class NGramDraft:
-    """Prompt lookup over the request's verified tokens (prompt and output), as long as the
-    budget allows; a constrained request's draft ends before the first token its grammar
-    refuses."""
-
-    speculative = True  # its drafts are the budget's to keep or drop (DraftBudget.settle)
-
-    def __init__(self, budget: DraftBudget, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM):
-        self.budget, self.min_n, self.max_n = budget, min_n, max_n
-
-    def propose(self, req: Req) -> list[int]:
-        limit = self.budget.length(req)
-        if limit <= 0:
-            return []
-        index = req.ngrams
-        if index is None:
-            index = req.ngrams = NGramIndex(self.max_n)
-        prompt = req.input_ids  # the index holds prompt + output so far; feed what is new
-        if len(index.tokens) < len(prompt):
-            index.extend(prompt[len(index.tokens) :])
-        index.extend(req.output_ids[len(index.tokens) - len(prompt) :])
-        draft = index.lookup(limit, self.min_n)
-        if draft and req.grammar is not None:
-            draft = allowed_prefix(req.grammar, draft)
-        return draft
-
-
-class RadixDraft:
-    """What earlier requests wrote after this request's exact sequence so far: the radix
-    cache holds every finished request's prompt and output, so a request that repeats one
-    (a retried call, an agent step that recurs, the same question again) drafts the rest of
-    the earlier answer along the most recently used path."""
-
-    speculative = True
-
-    def __init__(self, budget: DraftBudget, tree: RadixTree):
-        self.budget, self.tree = budget, tree
-
-    def propose(self, req: Req) -> list[int]:
-        node = req.last_node
-        if node is None or not node.is_attached or not node.children:
-            return []  # (no children: the tree holds nothing past the request's prefix)
-        limit = self.budget.length(req)
-        if limit <= 0:
-            return []
-        start, prompt = req.num_tree_slots, len(req.input_ids)
-        if start < prompt:
-            after = req.input_ids[start:] + req.output_ids
-        else:
-            after = req.output_ids[start - prompt :]
-        draft = self.tree.continuation(node, after, limit)
-        if draft and req.grammar is not None:
-            draft = allowed_prefix(req.grammar, draft)
-        return draft
-
-
-def speculative_sources(budget: DraftBudget, tree: RadixTree | None) -> list[DraftSource]:
-    """The NGRAM sources, in order: the radix tree's exact history first, then prompt lookup."""
-    return [*([RadixDraft(budget, tree)] if tree is not None else []), NGramDraft(budget)]
-
-
-def allowed_prefix(matcher, draft: list[int]) -> list[int]:
-    """The draft up to the first token the constraint refuses (the matcher is left where it
-    was)."""
-    taken = 0
-    try:
-        for token in draft:
-            if matcher.is_finished() or not matcher.allows(token):
-                break
-            matcher.accept_token(token)
-            taken += 1
-    finally:
-        if taken:
-            matcher.rollback(taken)
-    return draft[:taken]

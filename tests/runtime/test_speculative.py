@@ -16,12 +16,8 @@ from stemma.runtime.sampling.sampler import SamplingState
 from stemma.runtime.scheduler.batch import ScheduledBatch
 from stemma.runtime.scheduler.ngram import NGramIndex
 from stemma.runtime.scheduler.req import Req
-from stemma.runtime.scheduler.speculative import (
-    EVIDENCE_HALF_LIFE,
-    DraftBudget,
-    NGramDraft,
-    acceptance,
-)
+from stemma.runtime.scheduler.speculative import EVIDENCE_HALF_LIFE, DraftBudget, acceptance
+from stemma.runtime.scheduler.speculative_sources import NGramDraft
 from stemma.runtime.scheduler.step_cost import COST_WINDOW, STALE_STEPS, StepCost
 
 PARAGRAPH = (
