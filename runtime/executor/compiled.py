@@ -36,8 +36,8 @@ trace (WeightForm.compiles) caps the rows the graph takes below the rows it mult
 so does a size that fails to compile. One request's drafts attend by two batched matmuls
 over its row of the copy (decode_graph.draft_attention), which read it once for all the
 draft's tokens.
-Inductor caches the compiled code on disk (`cache_dir`; the package beside it, in `aot/`),
-so a later start loads it.
+Inductor caches the compiled code on disk (`cache_dir`; the packages beside it, in `aot/`,
+at most compiled_aot.KEPT_BYTES of them), so a later start loads it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from ..models.layers import compiled_row_limit, form_row_limits
 from .attention import TorchAttnBackend
-from .compiled_aot import MIN_CAPACITY, PackagedStep, build_package, inputs
+from .compiled_aot import MIN_CAPACITY, PackagedStep, build_package, inputs, prune_packages
 from .decode_graph import decode_graph, unguarded_model
 from .forward_batch import ForwardBatch, ForwardMode
 from .memory import KVPool
@@ -183,6 +183,10 @@ class CompiledDecode:
         finally:  # Inductor lifts the interpreter's recursion limit for good; the server's
             sys.setrecursionlimit(depth)  # bounds on nested request bodies rely on it
         compiled.compile_s = time.perf_counter() - start
+        if compiled.aot_dir is not None and compiled.aot_dir.is_dir():
+            used = {p.path for p in (compiled._single, compiled._batch, compiled._drafts) if p}
+            if removed := prune_packages(compiled.aot_dir, used):
+                log.info("removed %d least recently used packages: %s", len(removed), removed)
         log.info(
             "compiled the decode step in %.1f s (Inductor cache: %s, %.1f MB; one-row package: %s)",
             compiled.compile_s,

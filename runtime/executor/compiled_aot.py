@@ -32,7 +32,9 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +58,8 @@ WEIGHTLESS = {
 _MODEL_DIR = "data/aotinductor/model"  # the package's one model, in its top folder
 _LENT = "data/stemma/lent.json"  # which of the model's tensors each lent constant is
 _NUMBERED = "_tensor_constant"  # Inductor's name for the Nth tensor export lifted
+KEPT_BYTES = 1 << 30  # aot/ keeps at most this much: the least recently used packages go
+_WORK_TTL_S = 3600  # a build's work folder this old was left by a process that died
 
 
 class _Step(torch.nn.Module):
@@ -91,8 +95,11 @@ class PackagedStep:
     ) -> None:
         self.path, self.built = path, built  # built: compiled now, not loaded from the cache
         self.max_tokens = max_tokens
+        # a folder, read in place: from a zip the loader unpacks a copy into the temp dir,
+        # which stays there when the process is killed
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
         self.constants, self.lent = package_constants(path, live)
+        os.utime(path)  # recency, for prune_packages
         # (use_inactive, check_full_update, user_managed): every constant, none copied
         loader.load_constants(self.constants, False, True, True)
         self._run = loader.boxed_run
@@ -105,35 +112,41 @@ def package_constants(
     path: Path, live: dict[str, torch.Tensor]
 ) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
     """(every constant the package's library reads, by its name there; the names lent from
-    `live`): the model's tensors where the package lends them, the rest unpickled from it."""
-    with zipfile.ZipFile(path) as z:
-        top, config = _weights_config(z)
-        lent = json.loads(z.read(f"{top}/{_LENT}"))
-        constants = {
-            name: live[lent[name]] if name in lent else _unpickled(z, top, *config[name])
-            for name in config
-        }
+    `live`): the model's tensors where the package lends them, the rest unpickled from it.
+    path: the package's folder."""
+    config = json.loads((path / _MODEL_DIR / "weights_config.json").read_text())
+    lent = json.loads((path / _LENT).read_text())
+    constants = {
+        name: live[lent[name]] if name in lent else _unpickled(path, *config[name])
+        for name in config
+    }
     return constants, frozenset(lent)
 
 
-def _weights_config(z: zipfile.ZipFile) -> tuple[str, dict[str, list]]:
-    """(the package's top folder, its constants: name -> [file, shape, stride, offset])."""
+def _unpickled(path: Path, file: str, shape, stride, offset) -> torch.Tensor:
+    whole = torch.load(path / "data" / "weights" / file, weights_only=True)
+    return torch.as_strided(whole, shape, stride, offset)
+
+
+def _zip_config(z: zipfile.ZipFile) -> tuple[str, dict[str, list]]:
+    """(the zip's top folder, its constants: name -> [file, shape, stride, offset])."""
     top = z.namelist()[0].split("/", 1)[0]
     return top, json.loads(z.read(f"{top}/{_MODEL_DIR}/weights_config.json"))
 
 
-def _unpickled(z: zipfile.ZipFile, top: str, file: str, shape, stride, offset) -> torch.Tensor:
+def _zip_unpickled(z: zipfile.ZipFile, top: str, file: str, shape, stride, offset):
     whole = torch.load(io.BytesIO(z.read(f"{top}/data/weights/{file}")), weights_only=True)
     return torch.as_strided(whole, shape, stride, offset)
 
 
 def lend_weights(built: Path, live: dict[str, torch.Tensor], lifted: list[str], out: Path) -> None:
-    """Write `built` (a package of WEIGHTLESS) to `out` without the constants `live` holds,
-    and with which of them each is: a name export kept (a parameter or buffer), or
-    Inductor's number for the Nth tensor export lifted (`lifted`, in export's order). Each is
-    checked against the pickled copy, so a name read otherwise fails the build."""
+    """Unpack `built` (a package of WEIGHTLESS, a zip) into the folder `out` without the
+    constants `live` holds, and with which of them each is: a name export kept (a parameter
+    or buffer), or Inductor's number for the Nth tensor export lifted (`lifted`, in export's
+    order). Each is checked against the pickled copy, so a name read otherwise fails the
+    build."""
     with zipfile.ZipFile(built) as z:
-        top, config = _weights_config(z)
+        top, config = _zip_config(z)
         numbered = [fqn for fqn in lifted if fqn not in config]
         lent = {}
         for name, (file, shape, stride, offset) in config.items():
@@ -144,18 +157,68 @@ def lend_weights(built: Path, live: dict[str, torch.Tensor], lifted: list[str], 
                 fqn = numbered[n]
             else:
                 continue  # Inductor's own constant: it stays pickled
-            stored = _unpickled(z, top, file, shape, stride, offset)
+            stored = _zip_unpickled(z, top, file, shape, stride, offset)
             if not _same(stored, live[fqn]):
                 raise RuntimeError(f"the package's constant {name} is not the model's {fqn}")
             lent[name] = fqn
         kept = {config[name][0] for name in config if name not in lent}
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as w:
-            for info in z.infolist():
-                inner = info.filename.split("/", 1)[1]
-                if inner.startswith("data/weights/") and inner.rsplit("/", 1)[1] not in kept:
-                    continue
-                w.writestr(info, z.read(info))
-            w.writestr(f"{top}/{_LENT}", json.dumps(lent))
+        _unpack(z, out, lambda inner: not inner.startswith("data/weights/")
+                or inner.rsplit("/", 1)[1] in kept)  # fmt: skip
+    (out / _LENT).parent.mkdir(parents=True, exist_ok=True)
+    (out / _LENT).write_text(json.dumps(lent))
+
+
+def _unpack(z: zipfile.ZipFile, out: Path, wanted=lambda inner: True) -> None:
+    """The zip's files under its top folder, written under `out` (each name checked to stay
+    inside it)."""
+    root = out.resolve()
+    for info in z.infolist():
+        inner = info.filename.split("/", 1)[1] if "/" in info.filename else ""
+        if not inner or info.is_dir() or not wanted(inner):
+            continue
+        dest = (out / inner).resolve()
+        if not dest.is_relative_to(root):
+            raise RuntimeError(f"a package's file {info.filename!r} lies outside it")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with z.open(info) as src, open(dest, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+def prune_packages(aot_dir: Path, keep: set[Path], max_bytes: int = KEPT_BYTES) -> list[str]:
+    """Remove the least recently used packages in `aot_dir` (each load marks its folder
+    used) until the rest take at most `max_bytes`, never one in `keep`, and the work
+    folders of builds that died (older than an hour); the names removed. A package goes by
+    a rename first, so a start never finds half of one; errors cost only the pruning."""
+    entries, now = [], time.time()
+    try:
+        for p in aot_dir.iterdir():
+            st = p.stat()
+            if p.name.startswith("tmp"):  # a build's work folder, or a removal under way
+                if now - st.st_mtime > _WORK_TTL_S:
+                    shutil.rmtree(p, ignore_errors=True)
+                continue
+            files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p]
+            entries.append((st.st_mtime, p, sum(f.stat().st_size for f in files)))
+    except OSError:
+        return []
+    total, removed = sum(size for _, _, size in entries), []
+    for _, p, size in sorted(entries, key=lambda e: e[0]):
+        if total <= max_bytes:
+            break
+        if p in keep:
+            continue
+        try:
+            gone = aot_dir / f"tmp-removed-{p.name}"
+            os.replace(p, gone)
+            if gone.is_dir():
+                shutil.rmtree(gone, ignore_errors=True)
+            else:
+                gone.unlink()
+        except OSError:
+            continue
+        total -= size
+        removed.append(p.name)
+    return removed
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -210,8 +273,16 @@ def build_package(
         if spec.kind == InputKind.CONSTANT_TENSOR and spec.target is not None
     ]
     with torch._inductor.config.patch(WEIGHTLESS):  # in the name too, through the settings
-        path = cache_dir / f"{kind}-{_digest(ep, sizes)}.pt2"
-        if path.exists():
+        path = cache_dir / f"{kind}-{_digest(ep, sizes)}"  # a folder: the package unpacked
+        if path.is_dir():
+            return PackagedStep(path, built=False, live=live, max_tokens=max_tokens)
+        zipped = path.with_name(path.name + ".pt2")  # as earlier versions kept it
+        if zipped.is_file():
+            with tempfile.TemporaryDirectory(dir=cache_dir) as work:
+                with zipfile.ZipFile(zipped) as z:
+                    _unpack(z, Path(work) / "package")
+                _place(Path(work) / "package", path)
+            zipped.unlink(missing_ok=True)
             return PackagedStep(path, built=False, live=live, max_tokens=max_tokens)
         # Inductor's files for it (a copy of the weights) go once it is packaged; the
         # package is moved into place whole, so a reader sees all of it or none
@@ -226,9 +297,18 @@ def build_package(
         ):
             built = Path(work) / "built.pt2"
             torch._inductor.aoti_compile_and_package(ep, package_path=str(built))
-            lend_weights(built, live, lifted, Path(work) / "package.pt2")
-            os.replace(Path(work) / "package.pt2", path)
+            lend_weights(built, live, lifted, Path(work) / "package")
+            _place(Path(work) / "package", path)
     return PackagedStep(path, built=True, live=live, max_tokens=max_tokens)
+
+
+def _place(folder: Path, path: Path) -> None:
+    """Move `folder` to `path` whole; where another start put one there first, keep that."""
+    try:
+        os.replace(folder, path)
+    except OSError:
+        if not path.is_dir():
+            raise
 
 
 def _digest(ep: torch.export.ExportedProgram, sizes: list) -> str:

@@ -8,8 +8,11 @@ which the graph verifies too, the output is still what eager decoding gives."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
+import time
 import zipfile
 
 import pytest
@@ -380,15 +383,22 @@ def test_two_models_of_one_shape_in_one_process_each_get_their_own_graph(tmp_pat
         assert a == pytest.approx(b, abs=2e-5)
 
 
-def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
+def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path, monkeypatch):
     """The one-row package (compiled_aot.py) is loaded, not built, at a second start with
     the same weights, and gives the same step; it holds no copy of them (the model's are
     lent to it, so a package reads a weight changed in place); weights that differ by one
-    value get a package of their own, whose step follows them; without it, Dynamo's graph takes one
+    value get a package of their own, whose step follows them; a package is kept unpacked
+    and read in place, so nothing is left in the temp dir (from a zip, the loader unpacks a
+    copy there, which a killed process leaves behind), and one kept zipped, as earlier
+    versions did, is unpacked once; without it, Dynamo's graph takes one
     row (aot=False, or a package that fails to build, which says why)."""
     from stemma.runtime.executor import compiled_aot
     from stemma.runtime.executor.memory import KVPool
     from stemma.runtime.models.loader import load_decoder
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
 
     net, _ = load_decoder(tiny_llama_dir, torch.float64, "cpu")
     cfg = net.cfg
@@ -422,8 +432,7 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
     # keeps only the constants Inductor made
     package = first._single
     assert package.constants["model.norm.weight"].data_ptr() == net.norm.weight.data_ptr()
-    with zipfile.ZipFile(package.path) as z:
-        pickled = [name for name in z.namelist() if "/data/weights/" in name]
+    pickled = [f for f in package.path.rglob("*") if f.parent.name == "weights" and f.is_file()]
     assert package.lent and len(pickled) == len(package.constants) - len(package.lent)
     before = step(first)
     with torch.no_grad():
@@ -437,6 +446,20 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
     assert torch.equal(step(first), step(changed))  # it reads the weights in place
     kept = sorted(p.name for p in (tmp_path / "aot").iterdir())  # no partial file, no work dir
     assert kept == sorted(p.name for p in (first._single.path, changed._single.path))
+    assert list(temp.iterdir()) == []  # nothing unpacked into the temp dir
+    # a package kept as a zip (a top folder holding the package's files), as before: the
+    # next start unpacks it in place of the zip and loads it, building nothing
+    folder = changed._single.path
+    zipped = folder.with_name(folder.name + ".pt2")
+    with zipfile.ZipFile(zipped, "w") as z:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file():
+                z.write(f, "built/" + f.relative_to(folder).as_posix())
+    shutil.rmtree(folder)
+    migrated = compiled.CompiledDecode.build(net, pool, 1, cache)
+    assert not migrated._single.built and migrated._single.path == folder
+    assert not zipped.exists() and torch.equal(step(migrated), step(changed))
+    assert list(temp.iterdir()) == []
 
     assert compiled.CompiledDecode.build(net, pool, 1, cache, aot=False)._single is None
     graph = compiled.CompiledDecode(net, 1)
@@ -468,3 +491,30 @@ def test_the_one_row_package_is_kept_by_what_it_holds(tiny_llama_dir, tmp_path):
         "one request's drafts run through Dynamo's graph (RuntimeError building their "
         "AOTInductor package: g++ not found)"
     )
+
+
+def test_the_least_recently_used_packages_go_past_the_bound(tmp_path):
+    """prune_packages keeps aot/ within its bound: the packages least recently used (by
+    their folders' times, which each load sets) go first, never one the start uses, and a
+    build's work folder goes once it is an hour old (a process that died left it)."""
+    from stemma.runtime.executor.compiled_aot import prune_packages
+
+    aot, now = tmp_path / "aot", time.time()
+    for age, name in enumerate(["newest", "used", "middle", "oldest"]):
+        (aot / name / "data").mkdir(parents=True)
+        (aot / name / "data" / "lib.so").write_bytes(b"x" * 1000)
+        os.utime(aot / name, (now - 100 * age, now - 100 * age))
+    (aot / "decode-1row-old.pt2").write_bytes(b"z" * 500)  # a zip of an earlier version
+    os.utime(aot / "decode-1row-old.pt2", (now - 50, now - 50))
+    for name, age in (("tmpdead", 7200), ("tmpbusy", 60)):
+        (aot / name).mkdir()
+        (aot / name / "built.pt2").write_bytes(b"y" * 5000)
+        os.utime(aot / name, (now - age, now - age))
+
+    removed = prune_packages(aot, keep={aot / "used"}, max_bytes=2500)
+    assert removed == ["oldest", "middle"]  # "used" is older than the zip but kept
+    assert sorted(p.name for p in aot.iterdir()) == [
+        "decode-1row-old.pt2", "newest", "tmpbusy", "used"]  # fmt: skip
+    assert prune_packages(aot, keep=set(), max_bytes=1 << 20) == []  # within the bound
+    assert prune_packages(aot, keep=set(), max_bytes=0) == ["used", "decode-1row-old.pt2", "newest"]
+    assert [p.name for p in aot.iterdir()] == ["tmpbusy"]
