@@ -361,14 +361,17 @@ def round_prompts(
 ) -> dict[str, Any]:
     """One round's prompts, as generate's keyword arguments: random 32-token ones, or chat
     requests (through `template`, the engine's apply_chat_template) to repeat a paragraph or
-    of one of the anchors' workloads (`anchors-NAME`), each marked with the round and its
-    place so that no two share a cached answer."""
+    of one of the anchors' workloads (`anchors-NAME`; one request: the anchors' own text of
+    round r), each marked with the round and its place so that no two share a cached
+    answer."""
     if kind == "random":
         ids = [[rng.randrange(100, vocab_size) for _ in range(32)] for _ in range(batch)]
         return {"input_ids": ids}
     if kind.startswith("anchors-"):
         ask = ANCHOR_ASKS[kind.removeprefix("anchors-")]
-        chats = [[{"role": "user", "content": ask(f"{r}.{i}")}] for i in range(batch)]
+        # one request: the anchors' own text for round r (their salt is the round)
+        salts = [r] if batch == 1 else [f"{r}.{i}" for i in range(batch)]
+        chats = [[{"role": "user", "content": ask(salt)}] for salt in salts]
         return {"text": [template(c) for c in chats]}
     chats = [[{"role": "user", "content": f"({r}.{i}) {REWRITE_ASK}"}] for i in range(batch)]
     return {"text": [template(c) for c in chats]}

@@ -18,3 +18,27 @@ def test_one_engine_drafts_on_one_side_only(tmp_path: Path, monkeypatch) -> None
     assert row["same_outputs"] == 1.0
     assert len(row["seconds"]["on"]) == len(row["seconds"]["off"]) == 2
     assert row["engine"] == {} and row["batch"] == 2 and row["dtype"] == "float64"
+
+
+def test_one_request_of_an_anchors_workload_is_the_anchors_text_of_that_round(monkeypatch) -> None:
+    """--prompt anchors-NAME at batch 1 asks what bench/anchors.py asks in the same round
+    (its salt is the round), so the two benches' outputs can be compared; a batch marks each
+    request with the round and its place."""
+    from stemma.bench import anchors
+
+    asked = []
+
+    def chat(client, url, messages, max_tokens):
+        asked.append(messages)
+        return "", 0
+
+    monkeypatch.setattr(anchors, "chat", chat)
+    anchors.run_rewrite(None, "", 3)
+
+    def template(chat):
+        return chat[0]["content"]
+
+    one = common.round_prompts("anchors-rewrite", 1, 3, 100, template, None)
+    assert one == {"text": [asked[0][0]["content"]]}
+    batch = common.round_prompts("anchors-free", 2, 3, 100, template, None)["text"]
+    assert batch == [common.ANCHOR_ASKS["free"]("3.0"), common.ANCHOR_ASKS["free"]("3.1")]
