@@ -28,6 +28,7 @@ and gives the tensors to lend), and the example's sizes, by which Inductor plans
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -99,7 +100,8 @@ class PackagedStep:
         # which stays there when the process is killed
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
         self.constants, self.lent = package_constants(path, live)
-        os.utime(path)  # recency, for prune_packages
+        with contextlib.suppress(OSError):  # a read-only cache still loads
+            os.utime(path)  # recency, for prune_packages
         # (use_inactive, check_full_update, user_managed): every constant, none copied
         loader.load_constants(self.constants, False, True, True)
         self._run = loader.boxed_run
