@@ -19,11 +19,14 @@ build to be the ones it was compiled with. Only the constants Inductor made itse
 kernel's group size) stay pickled in it. oneDNN-packed weights are not constants at all: the
 graph names them by number (weights/dense.py), so the library calls the live model's, and
 the numbers, part of the exported code, are part of the package's name. The package is kept
-under the cache dir, named by a hash of torch's version, Inductor's settings and vector ISA,
-the exported graph, its inputs' and constants' shapes and dtypes, and the constants' bytes,
-so a later start with the same model and weight plan on the same kind of CPU loads it
-instead of compiling (the export, a few seconds, runs at every start to compute that name,
-and gives the tensors to lend), and the example's sizes, by which Inductor plans its loops.
+unpacked, a folder the loader reads in place (from a zip it would unpack a copy into the
+temp dir, left there by a process that ends without freeing it), under the cache dir, named
+by a hash of torch's version, Inductor's settings and vector ISA, the exported graph, its
+inputs' and constants' shapes and dtypes, and the constants' bytes, so a later start with
+the same model and weight plan on the same kind of CPU loads it instead of compiling (the
+export, a few seconds, runs at every start to compute that name, and gives the tensors to
+lend), and the example's sizes, by which Inductor plans its loops. The least recently used
+packages go once the folder holds more than KEPT_BYTES (prune_packages).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import shutil
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +64,7 @@ _MODEL_DIR = "data/aotinductor/model"  # the package's one model, in its top fol
 _LENT = "data/stemma/lent.json"  # which of the model's tensors each lent constant is
 _NUMBERED = "_tensor_constant"  # Inductor's name for the Nth tensor export lifted
 KEPT_BYTES = 1 << 30  # aot/ keeps at most this much: the least recently used packages go
+_SCRATCH = "tmp-"  # aot/'s names that are no package: a build's work, a removal under way
 _WORK_TTL_S = 3600  # a build's work folder this old was left by a process that died
 
 
@@ -164,19 +169,22 @@ def lend_weights(built: Path, live: dict[str, torch.Tensor], lifted: list[str], 
                 raise RuntimeError(f"the package's constant {name} is not the model's {fqn}")
             lent[name] = fqn
         kept = {config[name][0] for name in config if name not in lent}
-        _unpack(z, out, lambda inner: not inner.startswith("data/weights/")
-                or inner.rsplit("/", 1)[1] in kept)  # fmt: skip
+
+        def wanted(inner: str) -> bool:  # every file but the lent constants' pickles
+            return not inner.startswith("data/weights/") or inner.rsplit("/", 1)[1] in kept
+
+        _unpack(z, out, wanted)
     (out / _LENT).parent.mkdir(parents=True, exist_ok=True)
     (out / _LENT).write_text(json.dumps(lent))
 
 
-def _unpack(z: zipfile.ZipFile, out: Path, wanted=lambda inner: True) -> None:
-    """The zip's files under its top folder, written under `out` (each name checked to stay
-    inside it)."""
+def _unpack(z: zipfile.ZipFile, out: Path, wanted: Callable[[str], bool] | None = None) -> None:
+    """The zip's files under its top folder (those `wanted` takes by their names there),
+    written under `out`, each name checked to stay inside it."""
     root = out.resolve()
     for info in z.infolist():
         inner = info.filename.split("/", 1)[1] if "/" in info.filename else ""
-        if not inner or info.is_dir() or not wanted(inner):
+        if not inner or info.is_dir() or (wanted is not None and not wanted(inner)):
             continue
         dest = (out / inner).resolve()
         if not dest.is_relative_to(root):
@@ -195,7 +203,7 @@ def prune_packages(aot_dir: Path, keep: set[Path], max_bytes: int = KEPT_BYTES) 
     try:
         for p in aot_dir.iterdir():
             st = p.stat()
-            if p.name.startswith("tmp"):  # a build's work folder, or a removal under way
+            if p.name.startswith(_SCRATCH):
                 if now - st.st_mtime > _WORK_TTL_S:
                     shutil.rmtree(p, ignore_errors=True)
                 continue
@@ -210,7 +218,7 @@ def prune_packages(aot_dir: Path, keep: set[Path], max_bytes: int = KEPT_BYTES) 
         if p in keep:
             continue
         try:
-            gone = aot_dir / f"tmp-removed-{p.name}"
+            gone = aot_dir / f"{_SCRATCH}removed-{p.name}"
             os.replace(p, gone)
             if gone.is_dir():
                 shutil.rmtree(gone, ignore_errors=True)
@@ -280,7 +288,7 @@ def build_package(
             return PackagedStep(path, built=False, live=live, max_tokens=max_tokens)
         zipped = path.with_name(path.name + ".pt2")  # as earlier versions kept it
         if zipped.is_file():
-            with tempfile.TemporaryDirectory(dir=cache_dir) as work:
+            with tempfile.TemporaryDirectory(prefix=f"{_SCRATCH}build-", dir=cache_dir) as work:
                 with zipfile.ZipFile(zipped) as z:
                     _unpack(z, Path(work) / "package")
                 _place(Path(work) / "package", path)
@@ -289,7 +297,7 @@ def build_package(
         # Inductor's files for it (a copy of the weights) go once it is packaged; the
         # package is moved into place whole, so a reader sees all of it or none
         with (
-            tempfile.TemporaryDirectory(dir=cache_dir) as work,
+            tempfile.TemporaryDirectory(prefix=f"{_SCRATCH}build-", dir=cache_dir) as work,
             temporary_cache_dir(work),
             # the compile writes this CPU's facts into Inductor's settings in place; a dict
             # of its own keeps them out of the process's, which Dynamo's graphs compiled

@@ -506,7 +506,7 @@ def test_the_least_recently_used_packages_go_past_the_bound(tmp_path):
         os.utime(aot / name, (now - 100 * age, now - 100 * age))
     (aot / "decode-1row-old.pt2").write_bytes(b"z" * 500)  # a zip of an earlier version
     os.utime(aot / "decode-1row-old.pt2", (now - 50, now - 50))
-    for name, age in (("tmpdead", 7200), ("tmpbusy", 60)):
+    for name, age in (("tmp-build-dead", 7200), ("tmp-build-busy", 60)):
         (aot / name).mkdir()
         (aot / name / "built.pt2").write_bytes(b"y" * 5000)
         os.utime(aot / name, (now - age, now - age))
@@ -514,7 +514,7 @@ def test_the_least_recently_used_packages_go_past_the_bound(tmp_path):
     removed = prune_packages(aot, keep={aot / "used"}, max_bytes=2500)
     assert removed == ["oldest", "middle"]  # "used" is older than the zip but kept
     assert sorted(p.name for p in aot.iterdir()) == [
-        "decode-1row-old.pt2", "newest", "tmpbusy", "used"]  # fmt: skip
+        "decode-1row-old.pt2", "newest", "tmp-build-busy", "used"]  # fmt: skip
     assert prune_packages(aot, keep=set(), max_bytes=1 << 20) == []  # within the bound
     assert prune_packages(aot, keep=set(), max_bytes=0) == ["used", "decode-1row-old.pt2", "newest"]
-    assert [p.name for p in aot.iterdir()] == ["tmpbusy"]
+    assert [p.name for p in aot.iterdir()] == ["tmp-build-busy"]
