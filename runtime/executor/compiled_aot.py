@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,7 +119,7 @@ def package_constants(
     """(every constant the package's library reads, by its name there; the names lent from
     `live`): the model's tensors where the package lends them, the rest unpickled from it.
     path: the package's folder."""
-    config = json.loads((path / _MODEL_DIR / "weights_config.json").read_text())
+    config = _weights_config(path)
     lent = json.loads((path / _LENT).read_text())
     constants = {
         name: live[lent[name]] if name in lent else _unpickled(path, *config[name])
@@ -130,61 +128,49 @@ def package_constants(
     return constants, frozenset(lent)
 
 
+def _weights_config(path: Path) -> dict[str, list]:
+    """The package's constants: name -> [file, shape, stride, offset]."""
+    return json.loads((path / _MODEL_DIR / "weights_config.json").read_text())
+
+
 def _unpickled(path: Path, file: str, shape, stride, offset) -> torch.Tensor:
     whole = torch.load(path / "data" / "weights" / file, weights_only=True)
     return torch.as_strided(whole, shape, stride, offset)
 
 
-def _zip_config(z: zipfile.ZipFile) -> tuple[str, dict[str, list]]:
-    """(the zip's top folder, its constants: name -> [file, shape, stride, offset])."""
-    top = z.namelist()[0].split("/", 1)[0]
-    return top, json.loads(z.read(f"{top}/{_MODEL_DIR}/weights_config.json"))
+def lend_weights(path: Path, live: dict[str, torch.Tensor], lifted: list[str]) -> None:
+    """Drop from the package unpacked in `path` (built with WEIGHTLESS) the constants `live`
+    holds, noting which of them each is: a name export kept (a parameter or buffer), or
+    Inductor's number for the Nth tensor export lifted (`lifted`, in export's order). Each is
+    checked against the pickled copy, so a name read otherwise fails the build."""
+    config = _weights_config(path)
+    numbered = [fqn for fqn in lifted if fqn not in config]
+    lent = {}
+    for name, (file, shape, stride, offset) in config.items():
+        n = int(name[len(_NUMBERED) :]) if name.startswith(_NUMBERED) else None
+        if name in live:
+            fqn = name
+        elif n is not None and n < len(numbered):
+            fqn = numbered[n]
+        else:
+            continue  # Inductor's own constant: it stays pickled
+        if not _same(_unpickled(path, file, shape, stride, offset), live[fqn]):
+            raise RuntimeError(f"the package's constant {name} is not the model's {fqn}")
+        lent[name] = fqn
+    kept = {config[name][0] for name in config if name not in lent}
+    for file in {config[name][0] for name in lent} - kept:
+        (path / "data" / "weights" / file).unlink()
+    (path / _LENT).parent.mkdir(parents=True, exist_ok=True)
+    (path / _LENT).write_text(json.dumps(lent))
 
 
-def _zip_unpickled(z: zipfile.ZipFile, top: str, file: str, shape, stride, offset):
-    whole = torch.load(io.BytesIO(z.read(f"{top}/data/weights/{file}")), weights_only=True)
-    return torch.as_strided(whole, shape, stride, offset)
-
-
-def lend_weights(built: Path, live: dict[str, torch.Tensor], lifted: list[str], out: Path) -> None:
-    """Unpack `built` (a package of WEIGHTLESS, a zip) into the folder `out` without the
-    constants `live` holds, and with which of them each is: a name export kept (a parameter
-    or buffer), or Inductor's number for the Nth tensor export lifted (`lifted`, in export's
-    order). Each is checked against the pickled copy, so a name read otherwise fails the
-    build."""
-    with zipfile.ZipFile(built) as z:
-        top, config = _zip_config(z)
-        numbered = [fqn for fqn in lifted if fqn not in config]
-        lent = {}
-        for name, (file, shape, stride, offset) in config.items():
-            n = int(name[len(_NUMBERED) :]) if name.startswith(_NUMBERED) else None
-            if name in live:
-                fqn = name
-            elif n is not None and n < len(numbered):
-                fqn = numbered[n]
-            else:
-                continue  # Inductor's own constant: it stays pickled
-            stored = _zip_unpickled(z, top, file, shape, stride, offset)
-            if not _same(stored, live[fqn]):
-                raise RuntimeError(f"the package's constant {name} is not the model's {fqn}")
-            lent[name] = fqn
-        kept = {config[name][0] for name in config if name not in lent}
-
-        def wanted(inner: str) -> bool:  # every file but the lent constants' pickles
-            return not inner.startswith("data/weights/") or inner.rsplit("/", 1)[1] in kept
-
-        _unpack(z, out, wanted)
-    (out / _LENT).parent.mkdir(parents=True, exist_ok=True)
-    (out / _LENT).write_text(json.dumps(lent))
-
-
-def _unpack(z: zipfile.ZipFile, out: Path, wanted: Callable[[str], bool] | None = None) -> None:
-    """The zip's files under its top folder (those `wanted` takes by their names there),
-    written under `out`, each name checked to stay inside it."""
+def _unpack(z: zipfile.ZipFile, out: Path) -> None:
+    """The zip's files under its top folder, written under `out`, each name checked to stay
+    inside it."""
     root = out.resolve()
     for info in z.infolist():
         inner = info.filename.split("/", 1)[1] if "/" in info.filename else ""
-        if not inner or info.is_dir() or (wanted is not None and not wanted(inner)):
+        if not inner or info.is_dir():
             continue
         dest = (out / inner).resolve()
         if not dest.is_relative_to(root):
@@ -305,10 +291,12 @@ def build_package(
             # compiling nothing here, finds none of the graphs a cold start cached)
             torch._inductor.config.patch({"aot_inductor.metadata": {}}),
         ):
-            built = Path(work) / "built.pt2"
+            built, folder = Path(work) / "built.pt2", Path(work) / "package"
             torch._inductor.aoti_compile_and_package(ep, package_path=str(built))
-            lend_weights(built, live, lifted, Path(work) / "package")
-            _place(Path(work) / "package", path)
+            with zipfile.ZipFile(built) as z:
+                _unpack(z, folder)
+            lend_weights(folder, live, lifted)
+            _place(folder, path)
     return PackagedStep(path, built=True, live=live, max_tokens=max_tokens)
 
 

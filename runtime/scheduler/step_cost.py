@@ -141,7 +141,10 @@ class StepCost:
         self.tick = 0  # steps recorded, all spans together
 
     def span(self, rows: int) -> SpanCost:
-        return self.spans[int(np.searchsorted(self.limits, rows))]
+        return self.spans[self._index(rows)]
+
+    def _index(self, rows: int) -> int:
+        return int(np.searchsorted(self.limits, rows))
 
     def fresh(self, span: SpanCost) -> bool:
         """Whether the span has a measurement, from the last STALE_STEPS steps."""
@@ -149,7 +152,7 @@ class StepCost:
 
     def record(self, rows: int, drafted: bool, seconds: float) -> None:
         self.tick += 1
-        i = int(np.searchsorted(self.limits, rows))
+        i = self._index(rows)
         if self.spans[i].num_samples and not self.fresh(self.spans[i]):
             self.spans[i] = SpanCost(self.window)  # stale: measured afresh
         self.spans[i].record(rows, drafted, seconds, self.tick)
