@@ -83,10 +83,10 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
         options |= {"lenient": True, "coerce_one_of": True}
 
     def grammar(schema: Any) -> str:
-        return LLMatcher.grammar_from_json_schema(combinators_first(schema), overrides=options)
+        return schema_grammar(json.dumps(schema), options, schema)
 
     def reordered_grammar(schema: Any) -> str:  # property_order's copy has them ahead
-        return LLMatcher.grammar_from_json_schema(schema, overrides=options)
+        return with_options(json.dumps(schema), options)
 
     def written_refused() -> bool:
         """llguidance refuses the schema as written, where a keyword it may refuse is in it
@@ -103,10 +103,8 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     @cache
     def written() -> str:
         """The schema as written (built once: written_refused may need it first); its text
-        as it is where no combinator can need moving."""
-        if '"patternProperties"' not in spec.json_schema:
-            return LLMatcher.grammar_from_json_schema(spec.json_schema, overrides=options)
-        return grammar(schema())
+        as it is where no combinator needs moving."""
+        return schema_grammar(spec.json_schema, options)
 
     rewritten: Any = None
     kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
@@ -193,6 +191,47 @@ def combinators_first(node: Any) -> Any:
             out = dict(node) if out is None else out
             out[key] = new
     return combinators_ahead(node if out is None else out)
+
+
+def schema_grammar(text: str, options: dict[str, Any], schema: Any = None) -> str:
+    """The llguidance grammar of the JSON schema `text` (`schema`, where the caller has it
+    parsed), with every subschema's combinators ahead: the text as it is where none moves."""
+    if '"patternProperties"' in text and combinators_move(text):
+        text = json.dumps(combinators_first(json.loads(text) if schema is None else schema))
+    return with_options(text, options)
+
+
+def with_options(text: str, options: dict[str, Any]) -> str:
+    """The llguidance grammar of the JSON schema object `text` under the JSON `options`, put
+    in its text as its last key, "x-guidance": where llguidance's own merge puts them, after
+    parsing the whole schema into its objects and printing it again, at ten times the cost
+    (and last: llguidance 1.9 reads keys in two parts around a combinator, see
+    combinators_first). A schema with options of its own goes through that merge."""
+    from llguidance import LLMatcher
+
+    if '"x-guidance"' in text or not text.lstrip().startswith("{"):
+        return LLMatcher.grammar_from_json_schema(text, overrides=options)
+    head = text.rstrip()[:-1].rstrip()  # a JSON object (schema_to_json): before its "}"
+    joined = "" if head.endswith("{") else ","
+    return LLMatcher.grammar_from_json_schema(f'{head}{joined}"x-guidance":{json.dumps(options)}}}')
+
+
+def combinators_move(text: str) -> bool:
+    """Whether combinators_first moves a key of the JSON schema `text`: some object has
+    `patternProperties` and a combinator after another of its keys. Found as the text is parsed
+    (a hook per object, about a third of what walking the parsed schema costs); an object
+    under `enum` / `const` that would move counts too (combinators_first then leaves it)."""
+    moves = False
+
+    def look(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal moves
+        node = dict(pairs)
+        if not moves and "patternProperties" in node:
+            moves = list(combinators_ahead(node)) != list(node)
+        return node
+
+    json.loads(text, object_pairs_hook=look)
+    return moves
 
 
 @lru_cache(maxsize=256)

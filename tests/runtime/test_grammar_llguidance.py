@@ -17,7 +17,13 @@ import pytest
 import stemma
 from stemma.runtime.constrained.backend import check_spec
 from stemma.runtime.constrained.llguidance_backend import LLGuidanceService
-from stemma.runtime.constrained.llguidance_grammar import Resolution, Resolutions
+from stemma.runtime.constrained.llguidance_grammar import (
+    Resolution,
+    Resolutions,
+    combinators_first,
+    combinators_move,
+    with_options,
+)
 from stemma.runtime.constrained.llguidance_matcher import LLGuidanceMatcher
 from stemma.runtime.constrained.spec import ConstraintSpec
 
@@ -117,6 +123,41 @@ SEMANTICS = [  # (schema, accepted instances, rejected instances)
         [{"id": 1}, {"x": "a"}],
     ),
 ]
+
+
+OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        ' { "type" : "object" } ',
+        '{"type": "string", "x-guidance": {"lenient": true}}',  # merged with the schema's own
+        json.dumps(SEMANTICS[-1][0]),
+    ],
+)
+def test_options_written_into_the_text_are_llguidances_own_merge(text: str) -> None:
+    from llguidance import LLMatcher
+
+    merged = LLMatcher.grammar_from_json_schema(text, overrides=OPTIONS)
+    ours = json.loads(with_options(text, OPTIONS))["grammars"][0]["json_schema"]
+    assert ours == json.loads(merged)["grammars"][0]["json_schema"]
+    assert list(ours)[-1] == "x-guidance"  # after every keyword, as llguidance puts them
+
+
+@pytest.mark.parametrize(
+    ("schema", "moves"),
+    [
+        ({"patternProperties": {"a": {}}, "allOf": [{}]}, True),
+        ({"allOf": [{}], "patternProperties": {"a": {}}}, False),  # already ahead
+        ({"properties": {"p": {"patternProperties": {}, "x": 1, "$ref": "#"}}}, True),
+        ({"properties": {"p": {"x": 1, "$ref": "#"}}}, False),  # no patternProperties
+    ],
+)
+def test_combinators_move_where_combinators_first_moves_them(schema: Any, moves: bool) -> None:
+    assert combinators_move(json.dumps(schema)) is moves
+    assert (list(json.dumps(combinators_first(schema))) != list(json.dumps(schema))) is moves
 
 
 @pytest.mark.parametrize(("schema", "good", "bad"), SEMANTICS, ids=lambda x: json.dumps(x)[:40])
