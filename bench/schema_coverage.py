@@ -2,8 +2,14 @@
 
 A schema is ok when the system compiles it and, for every test instance, the instance's tokens
 (compact JSON, `json.dumps(data, separators=(",", ":"), ensure_ascii=False)`, tokenized by
-SmolLM2's tokenizer) are all allowed with a final state at the end exactly when the instance is
-valid. Per group and total: schemas ok, refused (by reason), valid instances refused, invalid
+SmolLM2's tokenizer), serialized the way the system emits JSON, are all allowed with a final
+state at the end exactly when the instance is valid. The way it emits JSON: where the system
+refuses an instance as written, its objects' keys are put in an order the system allows
+(engine_order.py; `--key-order given` scores the instances as written only; a system that
+takes keys in any order, `stemma-llguidance-any`, emits the instance's own order too). The summary
+counts the instances decided by that order apart (`valid_in_engine_order`: valid, accepted only
+reordered; `invalid_in_engine_order`: invalid, accepted reordered, part of `invalid_accepted`).
+Per group and total: schemas ok, refused (by reason), valid instances refused, invalid
 instances accepted, compile p50/p90/max. Systems: stemma with each grammar backend (through
 stemma.Constraint, compiles bounded by the service's time limit; `stemma-llguidance-any`:
 property_order "any", keys in any order), and llguidance / xgrammar alone as references.
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import append_results, print_table
+from .engine_order import SearchCut, compact, in_engine_order
 
 SYSTEMS = (
     "stemma-outlines",
@@ -38,10 +45,6 @@ SYSTEMS = (
     "xgrammar",
 )
 MODEL = "smollm2-135m"
-
-
-def compact(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
 def reason_of(error: str) -> str:
@@ -66,6 +69,8 @@ class _Stemma:
 
         self.Constraint, self.backend, self.timeout_s = stemma.Constraint, backend, timeout_s
         self.property_order = property_order
+        # keys in any order: the instance's own order is one the system emits
+        self.any_key_order = property_order == "any"
         # the same time limit as the compiles: one service, built before any is timed
         self.tokenizer = self.Constraint(regex="x", backend=backend, timeout_s=timeout_s).tokenizer
 
@@ -80,8 +85,17 @@ class _Stemma:
     def accepts(self, compiled: Any, ids: list[int]) -> bool:
         return compiled.accepts(ids)
 
+    def walk(self, compiled: Any) -> Any:
+        def start() -> tuple[Any, Any]:
+            matcher = compiled.matcher()
+            return matcher, matcher.accept
+
+        return _StepWalk(start)
+
 
 class _LLGuidance:
+    any_key_order = False
+
     def __init__(self, hf: Any) -> None:
         import llguidance.hf
 
@@ -101,8 +115,13 @@ class _LLGuidance:
         m = compiled.deep_copy()
         return m.consume_tokens(ids) and m.is_accepting()
 
+    def walk(self, compiled: Any) -> Any:
+        return _LLGuidanceWalk(lambda: (compiled.deep_copy(), None))
+
 
 class _XGrammar:
+    any_key_order = False
+
     def __init__(self, hf: Any) -> None:
         import xgrammar as xgr
 
@@ -122,6 +141,74 @@ class _XGrammar:
     def accepts(self, compiled: Any, ids: list[int]) -> bool:
         m = self.xgr.GrammarMatcher(compiled)
         return all(m.accept_token(t) for t in ids) and m.accept_token(self.eos)
+
+    def walk(self, compiled: Any) -> Any:
+        def start() -> tuple[Any, Any]:
+            matcher = self.xgr.GrammarMatcher(compiled)
+            return matcher, matcher.accept_token
+
+        return _XGrammarWalk(start, self.eos)
+
+
+class _StepWalk:
+    """engine_order's Walk over a fresh matcher from `start()`, stepped by `accept(token) ->
+    bool` (False: the token refused, the matcher as it was) and undone by its rollback(n);
+    where that refuses a long undo (stemma bounds it), a fresh matcher takes the tokens
+    kept."""
+
+    def __init__(self, start: Any) -> None:
+        self.start, self.fed = start, []
+        self.m, self.accept = start()
+
+    def feed(self, ids: list[int]) -> bool:
+        for i, token in enumerate(ids):
+            if not self.accept(token):
+                self.undo(i)
+                return False
+            self.fed.append(token)
+        return True
+
+    def undo(self, num_tokens: int) -> int:
+        if not num_tokens:
+            return 0
+        kept = self.fed[: len(self.fed) - num_tokens]
+        try:
+            self.m.rollback(num_tokens)
+        except ValueError:
+            self.m, self.accept = self.start()
+            self.fed = []
+            if not self.feed(kept):
+                raise AssertionError("a fresh matcher refused the tokens it took") from None
+            return len(kept)
+        self.fed = kept
+        return 0
+
+    def final(self) -> bool:
+        return self.m.is_final()
+
+
+class _LLGuidanceWalk(_StepWalk):
+    def feed(self, ids: list[int]) -> bool:
+        if (n := self.m.try_consume_tokens(ids)) < len(ids):
+            self.m.rollback(n)
+            return False
+        self.fed += ids
+        return True
+
+    def final(self) -> bool:
+        return self.m.is_accepting()
+
+
+class _XGrammarWalk(_StepWalk):
+    def __init__(self, start: Any, eos: int) -> None:
+        super().__init__(start)
+        self.eos = eos
+
+    def final(self) -> bool:
+        if not self.m.accept_token(self.eos):
+            return False
+        self.m.rollback(1)
+        return True
 
 
 def _make(system: str, timeout_s: float) -> tuple[Any, Any]:
@@ -147,7 +234,12 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _worker(system: str, timeout_s: float, conn: Any) -> None:
+_COUNTS = dict.fromkeys(
+    ["valid_refused", "invalid_accepted", "valid_in_engine_order", "invalid_in_engine_order"], 0
+) | {"search_cut": 0}
+
+
+def _worker(system: str, timeout_s: float, key_order: str, conn: Any) -> None:
     ev, tokenize = _make(system, timeout_s)
     conn.send("ready")
     while (job := conn.recv()) is not None:
@@ -159,32 +251,37 @@ def _worker(system: str, timeout_s: float, conn: Any) -> None:
             conn.send({"status": "refused", "reason": reason_of(str(err)), "error": str(err)})
             continue
         compile_s = time.perf_counter() - t0
-        valid_refused = invalid_accepted = 0
+        decided = Counter()
         for test in tests:
             accepted = ev.accepts(compiled, tokenize(compact(test["data"])))
-            valid_refused += test["valid"] and not accepted
-            invalid_accepted += (not test["valid"]) and accepted
-        conn.send(
-            {
-                "status": "compiled",
-                "compile_s": compile_s,
-                "valid_refused": valid_refused,
-                "invalid_accepted": invalid_accepted,
-            }
-        )
+            if not accepted and key_order == "engine" and not ev.any_key_order:
+                try:
+                    accepted = in_engine_order(test["data"], ev.walk(compiled), tokenize)
+                except SearchCut:
+                    decided["search_cut"] += 1
+                kind = "valid" if test["valid"] else "invalid"
+                decided[f"{kind}_in_engine_order"] += accepted
+            decided["valid_refused"] += test["valid"] and not accepted
+            decided["invalid_accepted"] += (not test["valid"]) and accepted
+        conn.send({"status": "compiled", "compile_s": compile_s, **_COUNTS, **decided})
 
 
 class _Runner:
     """One system's worker process; restarted after a schema runs past the limit."""
 
-    def __init__(self, system: str, timeout_s: float, schema_timeout_s: float) -> None:
+    def __init__(
+        self, system: str, timeout_s: float, schema_timeout_s: float, key_order: str
+    ) -> None:
         self.system, self.timeout_s, self.schema_timeout_s = system, timeout_s, schema_timeout_s
+        self.key_order = key_order
         self.proc: Any = None
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(self.system, self.timeout_s, child))
+        self.proc = ctx.Process(
+            target=_worker, args=(self.system, self.timeout_s, self.key_order, child)
+        )
         self.proc.start()
         assert self.conn.recv() == "ready"
 
@@ -202,6 +299,9 @@ class _Runner:
             self.proc.kill()
             self.proc.join()
             self.proc = None
+
+
+_REORDERED = ("valid_in_engine_order", "invalid_in_engine_order", "search_cut")
 
 
 def summarize(system: str, group: str, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -224,6 +324,7 @@ def summarize(system: str, group: str, results: list[dict[str, Any]]) -> dict[st
         "wrong": len(compiled) - len(ok),
         "valid_refused": sum(r["valid_refused"] for r in compiled),
         "invalid_accepted": sum(r["invalid_accepted"] for r in compiled),
+        **{k: sum(r.get(k, 0) for r in compiled) for k in _REORDERED},
         "compile_p50_ms": pct(0.5),
         "compile_p90_ms": pct(0.9),
         "compile_max_ms": round(times[-1], 2) if times else None,
@@ -232,7 +333,9 @@ def summarize(system: str, group: str, results: list[dict[str, Any]]) -> dict[st
 
 def run_systems(systems: list[str], rows: list[dict[str, Any]], args: Any) -> list[dict]:
     """Every system over every row, interleaved row by row; the summary rows."""
-    runners = [_Runner(s, args.compile_timeout_s, args.schema_timeout_s) for s in systems]
+    runners = [
+        _Runner(s, args.compile_timeout_s, args.schema_timeout_s, args.key_order) for s in systems
+    ]
     results: list[list[dict[str, Any]]] = [[] for _ in systems]
     try:
         for i, row in enumerate(rows):
@@ -269,6 +372,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N schemas only")
     ap.add_argument("--compile-timeout-s", type=float, default=10.0, help="stemma's limit")
     ap.add_argument("--schema-timeout-s", type=float, default=30.0, help="compile + tests")
+    ap.add_argument(
+        "--key-order",
+        choices=("engine", "given"),
+        default="engine",
+        help="instances the system refuses as written: tried with their keys in an order it "
+        "emits (engine, MaskBench's rule), or scored as written (given)",
+    )
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
     rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()]
@@ -278,12 +388,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     summary = run_systems(systems, rows, args)
     columns = ["system", "group", "schemas", "ok", "refused", "wrong", "valid_refused"]
-    columns += ["invalid_accepted", "compile_p50_ms", "compile_p90_ms", "compile_max_ms"]
+    columns += ["invalid_accepted", "valid_in_engine_order", "invalid_in_engine_order"]
+    columns += ["compile_p50_ms", "compile_p90_ms", "compile_max_ms"]
     print_table([r for r in summary if r["group"] in ("total", "common")], columns)
     if not args.no_record:
         versions = {p: _version(p) for p in ("llguidance", "xgrammar", "outlines_core")}
         extra = {"data": args.data.name, "num_schemas": len(rows), "versions": versions}
-        extra |= {"compile_timeout_s": args.compile_timeout_s}
+        extra |= {"compile_timeout_s": args.compile_timeout_s, "key_order": args.key_order}
         path = append_results("schema_coverage", summary, **extra)
         print(f"appended {len(summary)} rows to {path}")
 
