@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
-MAX_FED = 20_000  # tokens fed in one instance's search, retries and undos included
+MAX_FED = 400_000  # tokens fed in one instance's search, retries and undos included
 
 
 class Walk(Protocol):
