@@ -16,7 +16,8 @@ whose value then passes and after which every other of those keys is still allow
 that emits keys in the schema's order passes a key for good once one after it is placed; one
 behind a required key is allowed only once that key is in). A
 search is bounded (MAX_FED tokens fed, those fed again to undo included); one cut short counts
-as refused and is counted apart.
+as refused and is counted apart. StepWalk and its kin feed each system's matcher (stemma's,
+llguidance's, xgrammar's) as a Walk.
 """
 
 from __future__ import annotations
@@ -143,3 +144,73 @@ class _Search:
             return True
         self.back(mark)
         return False
+
+
+class StepWalk:
+    """A Walk over a fresh matcher from `start()`, stepped by `accept(token) -> bool` (False:
+    the token refused, the matcher as it was; stemma's ConstraintMatcher) and undone by its
+    rollback(n); where that refuses a long undo (stemma bounds it), a fresh matcher takes
+    the tokens kept."""
+
+    def __init__(self, start: Callable[[], Any]) -> None:
+        self.start, self.fed = start, []
+        self.m = start()
+
+    def accept(self, token: int) -> bool:
+        return self.m.accept(token)
+
+    def feed(self, ids: list[int]) -> bool:
+        for i, token in enumerate(ids):
+            if not self.accept(token):
+                self.undo(i)
+                return False
+            self.fed.append(token)
+        return True
+
+    def undo(self, num_tokens: int) -> int:
+        if not num_tokens:
+            return 0
+        kept = self.fed[: len(self.fed) - num_tokens]
+        try:
+            self.m.rollback(num_tokens)
+        except ValueError:
+            self.m, self.fed = self.start(), []
+            if not self.feed(kept):
+                raise AssertionError("a fresh matcher refused the tokens it took") from None
+            return len(kept)
+        self.fed = kept
+        return 0
+
+    def final(self) -> bool:
+        return self.m.is_final()
+
+
+class LLGuidanceWalk(StepWalk):
+    """Over an llguidance LLMatcher: a piece tried whole, refused without an error state."""
+
+    def feed(self, ids: list[int]) -> bool:
+        if (n := self.m.try_consume_tokens(ids)) < len(ids):
+            self.m.rollback(n)
+            return False
+        self.fed += ids
+        return True
+
+    def final(self) -> bool:
+        return self.m.is_accepting()
+
+
+class XGrammarWalk(StepWalk):
+    """Over an xgrammar GrammarMatcher: final where it would take the end token."""
+
+    def __init__(self, start: Callable[[], Any], eos: int) -> None:
+        super().__init__(start)
+        self.eos = eos
+
+    def accept(self, token: int) -> bool:
+        return self.m.accept_token(token)
+
+    def final(self) -> bool:
+        if not self.m.accept_token(self.eos):
+            return False
+        self.m.rollback(1)
+        return True

@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from .common import append_results, print_table
-from .engine_order import SearchCut, compact, in_engine_order
+from .engine_order import (
+    LLGuidanceWalk,
+    SearchCut,
+    StepWalk,
+    XGrammarWalk,
+    compact,
+    in_engine_order,
+)
 
 SYSTEMS = (
     "stemma-outlines",
@@ -45,6 +52,10 @@ SYSTEMS = (
     "xgrammar",
 )
 MODEL = "smollm2-135m"
+# per schema, beside valid_refused / invalid_accepted: the instances decided only with their
+# keys in the system's order, and the searches for one cut at their bound
+_REORDERED = ("valid_in_engine_order", "invalid_in_engine_order", "search_cut")
+_COUNTS = dict.fromkeys(("valid_refused", "invalid_accepted", *_REORDERED), 0)
 
 
 def reason_of(error: str) -> str:
@@ -85,12 +96,8 @@ class _Stemma:
     def accepts(self, compiled: Any, ids: list[int]) -> bool:
         return compiled.accepts(ids)
 
-    def walk(self, compiled: Any) -> Any:
-        def start() -> tuple[Any, Any]:
-            matcher = compiled.matcher()
-            return matcher, matcher.accept
-
-        return _StepWalk(start)
+    def walk(self, compiled: Any) -> StepWalk:
+        return StepWalk(compiled.matcher)
 
 
 class _LLGuidance:
@@ -115,8 +122,8 @@ class _LLGuidance:
         m = compiled.deep_copy()
         return m.consume_tokens(ids) and m.is_accepting()
 
-    def walk(self, compiled: Any) -> Any:
-        return _LLGuidanceWalk(lambda: (compiled.deep_copy(), None))
+    def walk(self, compiled: Any) -> StepWalk:
+        return LLGuidanceWalk(compiled.deep_copy)
 
 
 class _XGrammar:
@@ -142,73 +149,8 @@ class _XGrammar:
         m = self.xgr.GrammarMatcher(compiled)
         return all(m.accept_token(t) for t in ids) and m.accept_token(self.eos)
 
-    def walk(self, compiled: Any) -> Any:
-        def start() -> tuple[Any, Any]:
-            matcher = self.xgr.GrammarMatcher(compiled)
-            return matcher, matcher.accept_token
-
-        return _XGrammarWalk(start, self.eos)
-
-
-class _StepWalk:
-    """engine_order's Walk over a fresh matcher from `start()`, stepped by `accept(token) ->
-    bool` (False: the token refused, the matcher as it was) and undone by its rollback(n);
-    where that refuses a long undo (stemma bounds it), a fresh matcher takes the tokens
-    kept."""
-
-    def __init__(self, start: Any) -> None:
-        self.start, self.fed = start, []
-        self.m, self.accept = start()
-
-    def feed(self, ids: list[int]) -> bool:
-        for i, token in enumerate(ids):
-            if not self.accept(token):
-                self.undo(i)
-                return False
-            self.fed.append(token)
-        return True
-
-    def undo(self, num_tokens: int) -> int:
-        if not num_tokens:
-            return 0
-        kept = self.fed[: len(self.fed) - num_tokens]
-        try:
-            self.m.rollback(num_tokens)
-        except ValueError:
-            self.m, self.accept = self.start()
-            self.fed = []
-            if not self.feed(kept):
-                raise AssertionError("a fresh matcher refused the tokens it took") from None
-            return len(kept)
-        self.fed = kept
-        return 0
-
-    def final(self) -> bool:
-        return self.m.is_final()
-
-
-class _LLGuidanceWalk(_StepWalk):
-    def feed(self, ids: list[int]) -> bool:
-        if (n := self.m.try_consume_tokens(ids)) < len(ids):
-            self.m.rollback(n)
-            return False
-        self.fed += ids
-        return True
-
-    def final(self) -> bool:
-        return self.m.is_accepting()
-
-
-class _XGrammarWalk(_StepWalk):
-    def __init__(self, start: Any, eos: int) -> None:
-        super().__init__(start)
-        self.eos = eos
-
-    def final(self) -> bool:
-        if not self.m.accept_token(self.eos):
-            return False
-        self.m.rollback(1)
-        return True
+    def walk(self, compiled: Any) -> StepWalk:
+        return XGrammarWalk(lambda: self.xgr.GrammarMatcher(compiled), self.eos)
 
 
 def _make(system: str, timeout_s: float) -> tuple[Any, Any]:
@@ -232,11 +174,6 @@ def _version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-_COUNTS = dict.fromkeys(
-    ["valid_refused", "invalid_accepted", "valid_in_engine_order", "invalid_in_engine_order"], 0
-) | {"search_cut": 0}
 
 
 def _worker(system: str, timeout_s: float, key_order: str, conn: Any) -> None:
@@ -299,9 +236,6 @@ class _Runner:
             self.proc.kill()
             self.proc.join()
             self.proc = None
-
-
-_REORDERED = ("valid_in_engine_order", "invalid_in_engine_order", "search_cut")
 
 
 def summarize(system: str, group: str, results: list[dict[str, Any]]) -> dict[str, Any]:
