@@ -13,6 +13,10 @@ Per group and total: schemas ok, refused (by reason), valid instances refused, i
 instances accepted, compile p50/p90/max. Systems: stemma with each grammar backend (through
 stemma.Constraint, compiles bounded by the service's time limit; `stemma-llguidance-any`:
 property_order "any", keys in any order), and llguidance / xgrammar alone as references.
+`llguidance-stemma-grammar` times llguidance alone on the grammar stemma resolves each schema
+to (as written or rewritten; resolved before the clock starts, without what stemma enforces
+beside the grammar, so uniqueItems is not checked): what stemma's compile would cost with no
+Python of its own.
 Each system runs in a worker process, the systems interleaved schema by schema (the first
 system rotating), so a noisy machine slows them alike; a schema running past
 --schema-timeout-s (compile and tests) kills the worker and counts as "timeout". Besides the
@@ -49,6 +53,7 @@ SYSTEMS = (
     "stemma-llguidance",
     "stemma-llguidance-any",
     "llguidance",
+    "llguidance-stemma-grammar",
     "xgrammar",
 )
 MODEL = "smollm2-135m"
@@ -126,6 +131,24 @@ class _LLGuidance:
         return LLGuidanceWalk(compiled.deep_copy)
 
 
+class _StemmaGrammar(_LLGuidance):
+    """llguidance alone on the grammar stemma resolves a schema to (`prepare`, untimed)."""
+
+    def prepare(self, schema: Any) -> str:
+        from ..runtime.constrained.llguidance_backend import resolved_grammar
+        from ..runtime.constrained.spec import ConstraintSpec
+
+        return resolved_grammar(ConstraintSpec.create(json_schema=schema))
+
+    def compile(self, grammar: Any) -> Any:
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.tok, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error().splitlines()[0])
+        return matcher
+
+
 class _XGrammar:
     any_key_order = False
 
@@ -164,7 +187,8 @@ def _make(system: str, timeout_s: float) -> tuple[Any, Any]:
     from ..runtime.models.loader import resolve_checkpoint
 
     hf = AutoTokenizer.from_pretrained(str(resolve_checkpoint(MODEL)))
-    ev = _LLGuidance(hf) if system == "llguidance" else _XGrammar(hf)
+    kinds = {"llguidance": _LLGuidance, "llguidance-stemma-grammar": _StemmaGrammar}
+    ev = kinds.get(system, _XGrammar)(hf)
     return ev, lambda text: hf.encode(text, add_special_tokens=False)
 
 
@@ -181,9 +205,10 @@ def _worker(system: str, timeout_s: float, key_order: str, conn: Any) -> None:
     conn.send("ready")
     while (job := conn.recv()) is not None:
         schema, tests = job
-        t0 = time.perf_counter()
         try:
-            compiled = ev.compile(schema)
+            prepared = ev.prepare(schema) if hasattr(ev, "prepare") else schema
+            t0 = time.perf_counter()
+            compiled = ev.compile(prepared)
         except (ValueError, TypeError) as err:
             conn.send({"status": "refused", "reason": reason_of(str(err)), "error": str(err)})
             continue

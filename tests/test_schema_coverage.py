@@ -161,3 +161,19 @@ def test_each_systems_walk_undoes_and_ends_as_its_matcher_says() -> None:
         assert walk.feed(ev.tokenizer.encode('{"a":')) and walk.feed(one)
         assert not walk.final()
         assert walk.undo(len(one)) == 0 and walk.feed(ev.tokenizer.encode("7}")) and walk.final()
+
+
+def test_the_grammar_reference_times_llguidance_on_stemmas_own_grammar() -> None:
+    # llguidance-stemma-grammar: the schema resolved as stemma resolves it (here rewritten:
+    # llguidance refuses `not` as written) before the clock, then only llguidance's compile
+    ev, compiled = _stemma()
+    ref = schema_coverage._StemmaGrammar.__new__(schema_coverage._StemmaGrammar)
+    ref.tok = compiled._handle._service.ll_tok
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "not": {"const": 3}}}}
+    grammar = ref.prepare(schema)
+    assert '"not"' not in grammar  # the rewrite, not the schema as written
+    matcher = ref.compile(grammar)
+    four, three = ev.tokenizer.encode('{"a":4}'), ev.tokenizer.encode('{"a":3}')
+    assert ref.accepts(matcher, four) and not ref.accepts(matcher, three)
+    with pytest.raises(ValueError, match="uniqueItems|not supported"):  # refused as by stemma
+        ref.prepare({"type": "array", "items": {"$ref": "#"}, "uniqueItems": True, "not": {}})

@@ -103,6 +103,17 @@ def validate(spec: ConstraintSpec, limits: CompileLimits | None = None) -> None:
         raise ValueError(known.error)
 
 
+def resolved_grammar(spec: ConstraintSpec, limits: CompileLimits | None = None) -> str:
+    """The llguidance grammar `spec` resolves to (as validate finds it; its ValueError)."""
+    limits = limits or CompileLimits()
+    validate(spec, limits)
+    known = RESOLVED.get(spec, _grammar_size(limits))
+    if known is None or known.grammar is None:  # dropped from the LRU since: found again
+        known = _resolve(spec, limits)
+    assert known.grammar is not None
+    return known.grammar
+
+
 def _resolve(spec: ConstraintSpec, limits: CompileLimits) -> Resolution:
     """The first of `spec`'s grammar texts llguidance takes, or its refusal."""
     from llguidance import LLMatcher
