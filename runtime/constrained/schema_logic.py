@@ -72,7 +72,7 @@ class SchemaLogic:
         if not (isinstance(a, dict) and isinstance(b, dict)):
             return a is False or b is False
         va, vb = _values(a), _values(b)
-        if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
+        if va is not None and vb is not None and not any(json_equal(x, y) for x in va for y in vb):
             return True
         return _discriminated(a, b) or _forbids_required(a, b) or _forbids_required(b, a)
 
@@ -174,7 +174,7 @@ def _discriminated(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Both require some key whose allowed constant values do not overlap."""
     for key in set(as_list(a.get("required"))) & set(as_list(b.get("required"))):
         va, vb = _constants(a, key), _constants(b, key)
-        if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
+        if va is not None and vb is not None and not any(json_equal(x, y) for x in va for y in vb):
             return True
     return False
 
@@ -285,7 +285,7 @@ def _json_type(v: Any) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(v), "object")
 
 
-def _json_equal(a: Any, b: Any) -> bool:
+def json_equal(a: Any, b: Any) -> bool:
     return _json_type(a) == _json_type(b) and a == b
 
 

@@ -39,6 +39,7 @@ import functools
 import json
 from typing import Any
 
+from .schema_cases import split_cases
 from .schema_finite import FiniteFolder, annotations
 from .schema_logic import ASSERTIONS, SchemaLogic, as_list, pointer, pointer_escape, without
 from .schema_redundant import (
@@ -103,7 +104,7 @@ class _Rewriter(SchemaLogic):
                 if key == "items" and isinstance(value, list):
                     out[key] = [self.node(v, f"{path}/items/{i}") for i, v in enumerate(value)]
             elif key in _MANY and isinstance(value, list):
-                out[key] = [self.node(v, f"{path}/{key}/{i}") for i, v in enumerate(value)]
+                out[key] = self.members(s, key, value, path)
             elif key in _MAP and isinstance(value, dict):
                 out[key] = {
                     k: self.node(v, f"{path}/{key}/{pointer_escape(k)}") for k, v in value.items()
@@ -118,6 +119,17 @@ class _Rewriter(SchemaLogic):
             else:
                 out[key] = value
         return without_required(self.own(out, path))
+
+    def members(self, s: dict[str, Any], key: str, value: list[Any], path: str) -> list[Any]:
+        """`s[key]`'s members rewritten; an `allOf`'s tests of one key's value as one split
+        into cases (schema_cases.py)."""
+
+        def rewrite(sub: Any, i: int, keyword: str | None) -> Any:
+            return self.node(sub, f"{path}/{key}/{i}" + (f"/{keyword}" if keyword else ""))
+
+        if key == "allOf" and (split := split_cases(self, s, value, rewrite)) is not None:
+            return split
+        return [rewrite(v, i, None) for i, v in enumerate(value)]
 
     def own(self, s: dict[str, Any], path: str) -> dict[str, Any]:
         if _REWRITTEN.isdisjoint(s):
