@@ -38,6 +38,7 @@ _MAY_REFUSE = re.compile(
     r'"(not|if|then|else|oneOf|dependencies|dependentRequired|dependentSchemas|uniqueItems|'
     r'propertyNames|contains|unevaluatedProperties|unevaluatedItems)":'
 )
+_UNSATISFIABLE = "Unsatisfiable schema"  # how llguidance's error says no instance can pass
 ORDER_KEPT = (
     "property_order 'any' not applied: llguidance refused the schema with its properties in "
     "any order, so they keep the schema's order"
@@ -250,6 +251,8 @@ def refusal(spec: Any, error: str) -> str:
     if spec.json_schema is None:
         kind = "regex" if spec.regex is not None else "ebnf" if spec.ebnf else "constraint"
         return f"{kind} not supported by llguidance: {first}"
+    if first.startswith(_UNSATISFIABLE):
+        return f"json_schema has no valid instance, so no output can match it (llguidance: {first})"
     schema = json.loads(spec.json_schema)
     keywords, value = _named_keywords(first)
     found = _find(schema, keywords, value, "#") if keywords else None
@@ -273,9 +276,11 @@ def one_line(error: str) -> str:
 
 
 def blocking_error(errors: list[str]) -> str:
-    """Of the errors of a schema as written and rewritten: the rewritten one where it names a
+    """Of the errors of a schema as written and rewritten: the rewritten one where it finds
+    the schema unsatisfiable (the rewrite is exact: so is the schema as written) or names a
     keyword (what is left to block it), else the first (the rewrite added nothing of use)."""
-    if len(errors) > 1 and _named_keywords(errors[-1].strip())[0]:
+    last = one_line(errors[-1]) if errors else ""
+    if len(errors) > 1 and (last.startswith(_UNSATISFIABLE) or _named_keywords(last)[0]):
         return errors[-1]
     return errors[0] if errors else ""
 

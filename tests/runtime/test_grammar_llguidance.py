@@ -200,6 +200,31 @@ def test_refusals_name_keyword_and_path(schema: Any, keyword: str, path: str) ->
         stemma.Constraint(json_schema=schema, backend="llguidance")
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 5, "maximum": 2},
+        # as written llguidance refuses its oneOf; rewritten, it finds `d` can never pass
+        {
+            "type": "object",
+            "properties": {
+                "d": {
+                    "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+                    "required": ["a", "b"],
+                }
+            },
+            "required": ["d"],
+        },
+    ],
+)
+def test_a_schema_no_value_passes_is_refused_as_such(schema: Any) -> None:
+    with pytest.raises(ValueError, match="json_schema has no valid instance") as err:
+        stemma.Constraint(json_schema=schema, backend="llguidance")
+    assert "Unsatisfiable schema" in str(err.value) and "oneOf" not in str(err.value)
+    with pytest.raises(ValueError, match="no valid instance"):
+        check_spec("llguidance", ConstraintSpec.create(json_schema=schema))
+
+
 def test_a_pattern_llguidance_cannot_parse_is_refused_with_the_reason() -> None:
     schema = {"type": "string", "pattern": "a{0,4294967296}"}
     with pytest.raises(ValueError) as err:
