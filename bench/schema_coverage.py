@@ -67,6 +67,8 @@ def reason_of(error: str) -> str:
     """A short refusal label: the keyword named, a limit, or the error's first words."""
     if "took longer than" in error:
         return "compile timeout"
+    if "has no valid instance" in error or error.startswith("Unsatisfiable schema"):
+        return "unsatisfiable"
     if re.match(r"pattern has \d+ characters, over the limit", error):
         return "regex size limit"
     if m := re.search(r"keyword '([^']+)'", error):

@@ -22,6 +22,9 @@ def test_reason_labels_name_the_keyword_or_the_limit() -> None:
     assert reason_of("pattern has 385786 characters, over the limit of 200000") == (
         "regex size limit"
     )
+    assert reason_of("json_schema has no valid instance, so no output can match it") == (
+        "unsatisfiable"
+    )
     oc = "json_schema keywords outlines-core would silently ignore (...): #/items: minimum"
     assert reason_of(oc) == "minimum"
     assert reason_of("[09:51:27] /x/json_schema_converter.cc:4950: Cannot handle a b c d") == (
