@@ -130,6 +130,15 @@ class JsonScanner:
         s.text, s.trial = bytearray(self.text), True
         return s
 
+    def snapshot(self) -> JsonScanner:
+        """A copy that goes on as this one would and shares nothing it changes: taken before
+        more is fed, it brings the scanner back to here (a rollback)."""
+        s = self.trial_copy()
+        s.trial = False
+        for f in s.stack:
+            f.seen, f.texts = set(f.seen), list(f.texts)
+        return s
+
     def feed(self, data: bytes) -> bool:
         for byte in data:
             self.text.append(byte)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
 
 MAX_LOOKAHEAD = 64  # tokens tried after a token that could lead only to repeats
+SNAPSHOT_EVERY = 16  # tokens between the scanner's snapshots: a rollback re-reads at most this many
 
 
 _ONES = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)  # bits set per byte
@@ -85,6 +86,9 @@ class BesideMatcher:
         self.inner, self.arrays, self.keys, self.tokens = inner, arrays, keys, tokens
         self.scanner = JsonScanner(arrays, keys)
         self.ids: list[int] = []
+        # the scanner after 0, SNAPSHOT_EVERY, 2 * SNAPSHOT_EVERY, ... tokens: a rollback
+        # starts from the last one it keeps, not from the first byte
+        self.snapshots = [self.scanner.snapshot()]
 
     @property
     def error(self) -> str | None:
@@ -140,15 +144,23 @@ class BesideMatcher:
                 "an object's key rule"
             )
         self.inner.accept_token(token_id)
+        self._take(token_id)
+
+    def _take(self, token_id: int) -> None:
+        """The scanner past a token the grammar took."""
         self.scanner.feed(self.tokens.bytes[token_id])
         self.ids.append(token_id)
+        if len(self.ids) % SNAPSHOT_EVERY == 0:
+            self.snapshots.append(self.scanner.snapshot())
 
     def rollback(self, num_tokens: int) -> None:
         self.inner.rollback(num_tokens)
         if num_tokens:
             del self.ids[len(self.ids) - num_tokens :]
-            self.scanner = JsonScanner(self.arrays, self.keys)
-            for token_id in self.ids:
+            kept = len(self.ids) // SNAPSHOT_EVERY
+            del self.snapshots[kept + 1 :]
+            self.scanner = self.snapshots[kept].snapshot()
+            for token_id in self.ids[kept * SNAPSHOT_EVERY :]:
                 self.scanner.feed(self.tokens.bytes[token_id])
 
     def is_final(self) -> bool:
@@ -212,8 +224,7 @@ class BesideMatcher:
             if not self.scanner.trial_copy().feed(self.tokens.bytes[token_id]):
                 self.inner.rollback(len(ids) - taken)
                 return ids[:taken]
-            self.scanner.feed(self.tokens.bytes[token_id])
-            self.ids.append(token_id)
+            self._take(token_id)
         return ids
 
 

@@ -6,6 +6,7 @@ decided as `jsonschema` decides them: test_schema_rewrite.py's table.)"""
 from __future__ import annotations
 
 import json
+import random
 import re
 from typing import Any
 
@@ -16,6 +17,7 @@ from stemma.runtime.constrained.ecma_regex import ecma_regex
 from stemma.runtime.constrained.instance_paths import canonical
 from stemma.runtime.constrained.json_scanner import JsonScanner
 from stemma.runtime.constrained.unique_items import unique_arrays
+from stemma.runtime.constrained.unique_matcher import SNAPSHOT_EVERY
 
 INT, STR = {"type": "integer"}, {"type": "string"}
 TAGS = {"type": "array", "items": STR, "uniqueItems": True}
@@ -49,6 +51,33 @@ def test_a_repeat_is_refused_at_the_token_that_completes_it() -> None:
     for t in tok.encode('"c"]'):
         assert m.accept(t)
     assert m.is_final()
+
+
+def test_a_rollback_past_the_scanners_snapshots_leaves_it_as_a_fresh_walk() -> None:
+    # a rollback starts from the last snapshot it keeps (SNAPSHOT_EVERY tokens apart), not
+    # from the first byte: walked back and forth over 40 items, the matcher decides every
+    # probe as one fed only the tokens that remain
+    c = stemma.Constraint(json_schema=TAGS, backend="llguidance")
+    tok = c.tokenizer
+    ids = tok.encode("[" + ",".join(f'"w{i % 30}x"' for i in range(40)) + "]")
+    probes = sorted({*tok.encode('"w7x"'), *tok.encode('"w7'), *tok.encode('x",'), *ids[:12]})
+    m, fed, rng = c.matcher(), 0, random.Random(0)
+    refused = 0
+    for _ in range(40):
+        if fed and rng.random() < 0.4:
+            back = rng.randint(1, min(fed, 3 * SNAPSHOT_EVERY))
+            m.rollback(back)
+            fed -= back
+        for t in ids[fed : fed + rng.randint(1, 2 * SNAPSHOT_EVERY)]:
+            if not m.accept(t):  # a repeat (items 30-39 repeat 0-9): walk back from it
+                refused += 1
+                break
+            fed += 1
+        fresh = c.matcher()
+        assert all(fresh.accept(t) for t in ids[:fed])
+        assert [m.allows(t) for t in probes] == [fresh.allows(t) for t in probes], fed
+        assert m.inner.scanner.text == fresh.inner.scanner.text
+    assert refused and fed > 2 * SNAPSHOT_EVERY  # repeats met, snapshots passed
 
 
 def test_scanner_follows_keys_whitespace_and_escapes() -> None:
