@@ -119,6 +119,18 @@ class JsonScanner:
         return self.state in (STRING, KEY)
 
     def trial_copy(self) -> JsonScanner:
+        return self._copy(bytearray(self.text), trial=True)
+
+    def snapshot(self) -> JsonScanner:
+        """A copy that shares nothing it changes, without the text: the text is only ever
+        appended to, so the caller keeps its length, and a rollback gives the copy of a copy
+        the text cut back to it (`text`) and reads on from there."""
+        s = self._copy(bytearray(), trial=False)
+        for f in s.stack:
+            f.seen, f.texts = set(f.seen), list(f.texts)
+        return s
+
+    def _copy(self, text: bytearray, trial: bool) -> JsonScanner:
         s = JsonScanner.__new__(JsonScanner)
         s.arrays, s.keys, s.stack = self.arrays, self.keys, [f.copy() for f in self.stack]
         s.state, s.escape, s.word, s.word_start = (
@@ -127,16 +139,7 @@ class JsonScanner:
             self.word,
             self.word_start,
         )
-        s.text, s.trial = bytearray(self.text), True
-        return s
-
-    def snapshot(self) -> JsonScanner:
-        """A copy that goes on as this one would and shares nothing it changes: taken before
-        more is fed, it brings the scanner back to here (a rollback)."""
-        s = self.trial_copy()
-        s.trial = False
-        for f in s.stack:
-            f.seen, f.texts = set(f.seen), list(f.texts)
+        s.text, s.trial = text, trial
         return s
 
     def feed(self, data: bytes) -> bool:

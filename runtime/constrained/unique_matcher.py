@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 MAX_LOOKAHEAD = 64  # tokens tried after a token that could lead only to repeats
 SNAPSHOT_EVERY = 16  # tokens between the scanner's snapshots: a rollback re-reads at most this many
+MAX_SNAPSHOTS = 64  # kept besides the first (1,024 tokens back); past them, from the start
 
 
 _ONES = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)  # bits set per byte
@@ -86,9 +87,10 @@ class BesideMatcher:
         self.inner, self.arrays, self.keys, self.tokens = inner, arrays, keys, tokens
         self.scanner = JsonScanner(arrays, keys)
         self.ids: list[int] = []
-        # the scanner after 0, SNAPSHOT_EVERY, 2 * SNAPSHOT_EVERY, ... tokens: a rollback
-        # starts from the last one it keeps, not from the first byte
-        self.snapshots = [self.scanner.snapshot()]
+        # (tokens, text length, the scanner there) after 0, SNAPSHOT_EVERY, 2 * SNAPSHOT_EVERY,
+        # ... tokens, the first and the last MAX_SNAPSHOTS kept: a rollback restarts from the
+        # last one before its point, not from the first byte
+        self.snapshots = [(0, 0, self.scanner.snapshot())]
 
     @property
     def error(self) -> str | None:
@@ -151,16 +153,23 @@ class BesideMatcher:
         self.scanner.feed(self.tokens.bytes[token_id])
         self.ids.append(token_id)
         if len(self.ids) % SNAPSHOT_EVERY == 0:
-            self.snapshots.append(self.scanner.snapshot())
+            here = (len(self.ids), len(self.scanner.text), self.scanner.snapshot())
+            self.snapshots.append(here)
+            if len(self.snapshots) > MAX_SNAPSHOTS + 1:
+                del self.snapshots[1]
 
     def rollback(self, num_tokens: int) -> None:
         self.inner.rollback(num_tokens)
         if num_tokens:
             del self.ids[len(self.ids) - num_tokens :]
-            kept = len(self.ids) // SNAPSHOT_EVERY
-            del self.snapshots[kept + 1 :]
-            self.scanner = self.snapshots[kept].snapshot()
-            for token_id in self.ids[kept * SNAPSHOT_EVERY :]:
+            while self.snapshots[-1][0] > len(self.ids):
+                self.snapshots.pop()
+            at, length, there = self.snapshots[-1]
+            text = self.scanner.text
+            del text[length:]
+            self.scanner = there.snapshot()
+            self.scanner.text = text
+            for token_id in self.ids[at:]:
                 self.scanner.feed(self.tokens.bytes[token_id])
 
     def is_final(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import stemma
+from stemma.runtime.constrained import unique_matcher
 from stemma.runtime.constrained.ecma_regex import ecma_regex
 from stemma.runtime.constrained.instance_paths import canonical
 from stemma.runtime.constrained.json_scanner import JsonScanner
@@ -53,10 +54,14 @@ def test_a_repeat_is_refused_at_the_token_that_completes_it() -> None:
     assert m.is_final()
 
 
-def test_a_rollback_past_the_scanners_snapshots_leaves_it_as_a_fresh_walk() -> None:
-    # a rollback starts from the last snapshot it keeps (SNAPSHOT_EVERY tokens apart), not
-    # from the first byte: walked back and forth over 40 items, the matcher decides every
-    # probe as one fed only the tokens that remain
+@pytest.mark.parametrize("kept", [unique_matcher.MAX_SNAPSHOTS, 2])
+def test_a_rollback_past_the_scanners_snapshots_leaves_it_as_a_fresh_walk(
+    kept: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a rollback starts from the last snapshot it keeps (SNAPSHOT_EVERY tokens apart; with
+    # 2 kept, most go back past them, to the start), not from the first byte: walked back
+    # and forth over 40 items, the matcher decides every probe as one fed only what remains
+    monkeypatch.setattr(unique_matcher, "MAX_SNAPSHOTS", kept)
     c = stemma.Constraint(json_schema=TAGS, backend="llguidance")
     tok = c.tokenizer
     ids = tok.encode("[" + ",".join(f'"w{i % 30}x"' for i in range(40)) + "]")
@@ -65,7 +70,7 @@ def test_a_rollback_past_the_scanners_snapshots_leaves_it_as_a_fresh_walk() -> N
     refused = 0
     for _ in range(40):
         if fed and rng.random() < 0.4:
-            back = rng.randint(1, min(fed, 3 * SNAPSHOT_EVERY))
+            back = rng.randint(1, fed if rng.random() < 0.2 else min(fed, 3 * SNAPSHOT_EVERY))
             m.rollback(back)
             fed -= back
         for t in ids[fed : fed + rng.randint(1, 2 * SNAPSHOT_EVERY)]:
