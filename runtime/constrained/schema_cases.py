@@ -47,10 +47,16 @@ def split_cases(
     key, indices = max(found.items(), key=lambda item: len(item[1]))
     if len(indices) < 2:
         return None
-    tests = [_test(members[i], key, lambda s, kw, i=i: rewrite(s, i, kw)) for i in indices]
-    cases = _cases(logic, holder, key, tests)
-    if cases is None:
+    tests = [_test(members[i], key) for i in indices]
+    classes = _classes(tests)
+    listed = logic.key_values(holder, key)
+    if (rest := _rest(logic, listed, classes)) is None:
         return None
+    tests = [
+        t._replace(then=rewrite(t.then, i, "then"), other=rewrite(t.other, i, "else"))
+        for i, t in zip(indices, tests)
+    ]
+    cases = _cases(logic, holder, key, tests, classes, listed, rest)
     kept = [rewrite(m, i, None) for i, m in enumerate(members) if i not in indices]
     return [*kept, {"anyOf": cases}]
 
@@ -82,29 +88,17 @@ def _listed(s: Any) -> list[Any] | None:
     return s["enum"] if isinstance(s.get("enum"), list) else None
 
 
-def _test(member: dict[str, Any], key: str, rewrite: Callable) -> _Test:
+def _test(member: dict[str, Any], key: str) -> _Test:
     test = member["if"]
     values = _listed(test["properties"][key])
     assert values is not None
-    then = rewrite(member.get("then", True), "then")
-    other = rewrite(member.get("else", True), "else")
-    return _Test(values, key in test.get("required", []), then, other)
+    needs_key = key in test.get("required", [])
+    return _Test(values, needs_key, member.get("then", True), member.get("else", True))
 
 
-def _cases(
-    logic: SchemaLogic, holder: dict[str, Any], key: str, tests: list[_Test]
-) -> list[Any] | None:
-    """The cases, each with the branches it takes; None where "any other value" is no
-    schema (an object or array among the values, and the holder does not list them)."""
-    cases = []
-    required = key in (holder.get("required") or [])
-    if logic.types(holder, 0) - {"object"}:  # every test passes vacuously
-        others = sorted(JSON_TYPES - {"object"})
-        cases.append(_case({"type": others}, [t.then for t in tests]))
-    if not required:  # absent: a test that does not require the key passes
-        absent = {"type": "object", "properties": {key: False}}
-        cases.append(_case(absent, [t.other if t.needs_key else t.then for t in tests]))
-    cases = [c for c in cases if c is not None]
+def _classes(tests: list[_Test]) -> list[tuple[list[Any], tuple[bool, ...]]]:
+    """The tested values in classes of those every test treats alike: (values, which
+    tests they pass)."""
     classes: list[tuple[list[Any], tuple[bool, ...]]] = []
     for value in [v for t in tests for v in t.values]:
         taken = tuple(any(json_equal(value, v) for v in t.values) for t in tests)
@@ -113,26 +107,48 @@ def _cases(
             classes.append(([value], taken))
         elif not any(json_equal(value, v) for v in same[0]):
             same[0].append(value)
-    listed = logic.key_values(holder, key)
+    return classes
+
+
+def _rest(logic: SchemaLogic, listed: list[Any] | None, classes: list[Any]) -> Any:
+    """The key's values no test names (False: none is left): the holder's listed ones left
+    over, else the complement of the tested ones; None where that is no schema (an object
+    or an array among them)."""
+    tested = [v for values, _ in classes for v in values]
+    if listed is None:
+        return logic.negate({"enum": tested}, 0)
+    rest = [v for v in listed if not any(json_equal(v, w) for w in tested)]
+    return {"enum": rest} if rest else False
+
+
+def _cases(
+    logic: SchemaLogic,
+    holder: dict[str, Any],
+    key: str,
+    tests: list[_Test],
+    classes: list[tuple[list[Any], tuple[bool, ...]]],
+    listed: list[Any] | None,
+    rest: Any,
+) -> list[Any]:
+    """The cases, each with the branches it takes, less those the holder rules out."""
+    cases = []
+    if logic.types(holder, 0) - {"object"}:  # every test passes vacuously
+        others = sorted(JSON_TYPES - {"object"})
+        cases.append(_case({"type": others}, [t.then for t in tests]))
+    required = holder.get("required")
+    if not (isinstance(required, list) and key in required):  # absent: a test that does not
+        absent = {"type": "object", "properties": {key: False}}  # require the key passes
+        cases.append(_case(absent, [t.other if t.needs_key else t.then for t in tests]))
     for values, taken in classes:
         if listed is not None:  # values the holder refuses need no case
             values = [v for v in values if any(json_equal(v, w) for w in listed)]
         if values:
             test = {"type": "object", "required": [key], "properties": {key: {"enum": values}}}
-            branches = [t.then if on else t.other for t, on in zip(tests, taken)]
-            if (case := _case(test, branches)) is not None:
-                cases.append(case)
-    tested = [v for values, _ in classes for v in values]
-    if listed is not None:
-        rest: Any = [v for v in listed if not any(json_equal(v, w) for w in tested)]
-        rest = {"enum": rest} if rest else False
-    elif (rest := logic.negate({"enum": tested}, 0)) is None:
-        return None
+            cases.append(_case(test, [t.then if on else t.other for t, on in zip(tests, taken)]))
     if rest is not False:
         test = {"type": "object", "required": [key], "properties": {key: rest}}
-        if (case := _case(test, [t.other for t in tests])) is not None:
-            cases.append(case)
-    return cases
+        cases.append(_case(test, [t.other for t in tests]))
+    return [c for c in cases if c is not None]
 
 
 def _case(test: dict[str, Any], branches: list[Any]) -> dict[str, Any] | None:

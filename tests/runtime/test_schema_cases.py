@@ -135,3 +135,15 @@ def test_outputs_through_the_engine_pass_the_conditionals() -> None:
         if isinstance(value, dict) and all(k in ("kind", "x", "y") for k in value):
             text = json.dumps(value, separators=(",", ":"))
             assert c.accepts(text) == _valid(schema, value), value
+
+
+def test_a_split_not_made_rewrites_each_member_once() -> None:
+    # an array among the tested values of a key the holder does not list: "any other value"
+    # is no schema, so each member is rewritten as it stands, its notes said once
+    then = {"properties": {"note": {"type": "string", "format": "no-such-format"}}}
+    members = [{**TESTS[0], "then": then}, {"if": {"properties": {"kind": {"const": [1]}}}}]
+    schema = _holder(members=members, listed=False)
+    rewritten, notes = rewrite_schema(schema, lambda name: name != "no-such-format")
+    assert len([n for n in notes if "no-such-format" in n]) == 1
+    for value in _instances("kind"):
+        assert _valid(rewritten, value) == _valid(schema, value), value
