@@ -6,9 +6,10 @@ of one schema compiled in 126 ms, each more doubling it). Which branch each memb
 depends only on the object's key `k`, so its instances fall into a few cases, each taking
 exactly the branches that apply there: a non-object (every test passes vacuously), an object
 without `k`, `k` with a value in each class of values the tests treat alike, `k` with any
-other value. That is n + 3 cases at most, which accept the same instances. Where the schema
-holding the `allOf` requires `k`, is an object only, or lists `k`'s values (`enum`), the
-cases it rules out are left out and "any other value" is the listed ones left over.
+other value: at most three cases more than the values the tests name (n + 3 where each names
+one), which accept the same instances. Where the schema holding the `allOf` requires `k`, is
+an object only, or lists `k`'s values (`enum`), the cases it rules out are left out and "any
+other value" is the listed ones left over.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ left in place and the backend refuses it by name):
   does not list", which a schema can say);
 - `if`/`then`/`else`: `anyOf [if ∧ then, ¬if ∧ else]`; `then` / `else` without `if` are
   dropped (they assert nothing); an `allOf` of members testing one key's value, one split
-  into cases (schema_cases.py: n + 3 cases, not 2^n alternatives);
+  into cases (schema_cases.py: a case per class of values, not 2^n alternatives);
 - `propertyNames` of strings, patterns, lengths and listed names: every key matched by a
   `patternProperties` or named in `properties` of a conjunct closed by
   `additionalProperties: false`;
