@@ -119,7 +119,14 @@ class _LLGuidance:
         from llguidance import LLMatcher
 
         options = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-        grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
+        return self.matcher(
+            LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
+        )
+
+    def matcher(self, grammar: str) -> Any:
+        """llguidance's matcher of `grammar`; ValueError with its first line of error."""
+        from llguidance import LLMatcher
+
         matcher = LLMatcher(self.tok, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error().splitlines()[0])
@@ -143,12 +150,7 @@ class _StemmaGrammar(_LLGuidance):
         return resolved_grammar(ConstraintSpec.create(json_schema=schema))
 
     def compile(self, grammar: Any) -> Any:
-        from llguidance import LLMatcher
-
-        matcher = LLMatcher(self.tok, grammar, log_level=0)
-        if matcher.is_error():
-            raise ValueError(matcher.get_error().splitlines()[0])
-        return matcher
+        return self.matcher(grammar)
 
 
 class _XGrammar:
