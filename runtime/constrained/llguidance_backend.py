@@ -15,7 +15,6 @@ and try it once.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import queue
 import threading
@@ -34,7 +33,7 @@ from .llguidance_grammar import (
 from .llguidance_matcher import LLGuidanceMatcher
 from .property_order import ObjectKeys
 from .spec import ConstraintSpec
-from .unique_items import UniqueArrays, unique_arrays
+from .unique_items import UniqueArrays
 from .unique_matcher import BesideMatcher, TokenBytes
 from .vocabulary import CompileLimits
 
@@ -66,10 +65,10 @@ RESOLVED = Resolutions()  # shared by validate and the compiles of every service
 
 def compile_grammar(
     ll_tok: Any, spec: ConstraintSpec, limits: CompileLimits
-) -> tuple[Any, list[str], ObjectKeys | None]:
-    """(a fresh LLMatcher at the start of `spec`, its warnings, the key rules to enforce
-    beside it); ValueError names what cannot be honoured. A spec validated before builds
-    only the grammar it resolved to."""
+) -> tuple[Any, list[str], Resolution]:
+    """(a fresh LLMatcher at the start of `spec`, its warnings, the resolution it was built
+    from: its key rules and uniqueItems to enforce beside it); ValueError names what cannot
+    be honoured. A spec validated before builds only the grammar it resolved to."""
     from llguidance import LLMatcher
 
     _check_size(spec, limits)
@@ -77,17 +76,16 @@ def compile_grammar(
     if known is not None and known.error is not None:
         raise ValueError(known.error)
     # the grammar validated before; where the vocabulary fails it, every one as before
-    tried = [] if known is None else [Candidate(known.grammar, list(known.notes), known.keys)]
-    errors = []
+    tried = [] if known is None else [_candidate(known)]
+    errors: list[str] = []
     for num_tried, candidate in enumerate(itertools.chain(tried, grammar_texts(spec))):
-        grammar, notes, keys = candidate
-        matcher = LLMatcher(ll_tok, grammar, log_level=0, limits=parser_limits(limits))
+        matcher = LLMatcher(ll_tok, candidate.grammar, log_level=0, limits=parser_limits(limits))
         if not matcher.is_error():
-            resolution = Resolution(grammar, tuple(notes), keys=keys)
+            resolution = _resolution(spec, candidate)
             RESOLVED.put(spec, _grammar_size(limits), resolution)
-            return matcher, [*notes, *matcher.get_grammar_warnings()], keys
-        if num_tried >= len(tried) and keys is None:  # refusals name the schema's own order
-            errors.append(matcher.get_error())
+            return matcher, [*candidate.notes, *matcher.get_grammar_warnings()], resolution
+        if num_tried >= len(tried):
+            _note_error(errors, candidate, matcher.get_error())
     raise ValueError(refusal(spec, blocking_error(errors)))
 
 
@@ -118,16 +116,34 @@ def _resolve(spec: ConstraintSpec, limits: CompileLimits) -> Resolution:
     """The first of `spec`'s grammar texts llguidance takes, or its refusal."""
     from llguidance import LLMatcher
 
-    errors = []
-    for grammar, notes, keys in grammar_texts(spec):
+    errors: list[str] = []
+    for candidate in grammar_texts(spec):
         is_error, messages = LLMatcher.validate_grammar_with_warnings(
-            grammar, None, limits=parser_limits(limits)
+            candidate.grammar, None, limits=parser_limits(limits)
         )
         if not is_error:
-            return Resolution(grammar, tuple(notes), keys=keys)
-        if keys is None:  # refusals name the schema's own order
-            errors.append(messages[0] if messages else "")
+            return _resolution(spec, candidate)
+        _note_error(errors, candidate, messages[0] if messages else "")
     return Resolution(error=refusal(spec, blocking_error(errors)))
+
+
+def _resolution(spec: ConstraintSpec, candidate: Candidate) -> Resolution:
+    """What `spec` resolved to, where llguidance took `candidate`: uniqueItems is enforced
+    beside the grammar where a rewrite left it out (not under strict=False, where llguidance
+    approximates it and warns); a schema taken as written has none llguidance compiles."""
+    unique = candidate.unique if spec.strict else None
+    return Resolution(candidate.grammar, tuple(candidate.notes), keys=candidate.keys, unique=unique)
+
+
+def _candidate(known: Resolution) -> Candidate:
+    assert known.grammar is not None
+    return Candidate(known.grammar, list(known.notes), known.keys, unique=known.unique)
+
+
+def _note_error(errors: list[str], candidate: Candidate, error: str) -> None:
+    """Keep a refusal for blocking_error: the schema's own order's only, as written first."""
+    if candidate.keys is None:
+        errors.insert(0 if candidate.as_written else len(errors), error)
 
 
 def _grammar_size(limits: CompileLimits) -> int:
@@ -302,10 +318,10 @@ class LLGuidanceService:
             self._closed.wait()  # never answers while the service lives
             return None, "the service closed", [], None, None
         try:
-            template, warnings, keys = compile_grammar(self.ll_tok, spec, self.limits)
-            if (unique := _unique_arrays(spec)) is not None or keys is not None:
+            template, warnings, resolved = compile_grammar(self.ll_tok, spec, self.limits)
+            if resolved.unique is not None or resolved.keys is not None:
                 self.token_bytes()
-            return template, None, warnings, unique, keys
+            return template, None, warnings, resolved.unique, resolved.keys
         except ValueError as err:
             return None, str(err), [], None, None
         except Exception as err:  # a bug must still fail the request, never strand it
@@ -317,12 +333,3 @@ class LLGuidanceService:
             f"compiling the constraint took longer than the {self.limits.timeout_s:g} s limit "
             "(grammar_timeout_s); simplify the schema or raise the limit"
         )
-
-
-def _unique_arrays(spec: ConstraintSpec) -> UniqueArrays | None:
-    """Where the spec's schema has `uniqueItems` enforced beside its grammar, if anywhere
-    (not under strict=False, where llguidance approximates it and warns)."""
-    if not spec.strict or spec.json_schema is None or '"uniqueItems"' not in spec.json_schema:
-        return None
-    unique = unique_arrays(json.loads(spec.json_schema))
-    return unique if unique.paths else None

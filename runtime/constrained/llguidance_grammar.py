@@ -22,10 +22,12 @@ from typing import Any, NamedTuple
 
 from ...lang.constraints import DTYPE_REGEX as _REGEX_BY_TYPE
 from ...lang.constraints import choices_regex
+from .llguidance_refusal import may_be_refused, refused_as_written
 from .property_order import ObjectKeys, any_order
 from .regex_check import normalize_regex
 from .schema_logic import DATA_KEYWORDS, combinators_ahead, pointer_escape
-from .schema_rewrite import rewrite_schema
+from .schema_rewrite import Rewrite, rewrite_schema
+from .unique_items import UniqueArrays
 
 DTYPE_REGEX = {t.__name__: regex for t, regex in _REGEX_BY_TYPE.items()}
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -46,12 +48,15 @@ ORDER_KEPT = (
 
 
 class Candidate(NamedTuple):
-    """A grammar to try, notes on how it was made, and the key rules to enforce beside it
-    (property_order "any"; None: properties in the schema's order)."""
+    """A grammar to try, notes on how it was made, the key rules to enforce beside it
+    (property_order "any"; None: properties in the schema's order), and whether it is the
+    schema as written, in its own order (its refusal is the one to name first)."""
 
     grammar: str
     notes: list[str]
     keys: ObjectKeys | None = None
+    as_written: bool = False
+    unique: UniqueArrays | None = None  # where a rewrite left uniqueItems to the matcher
 
 
 def grammar_texts(spec: Any) -> Iterator[Candidate]:
@@ -83,11 +88,17 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     if not spec.strict:
         options |= {"lenient": True, "coerce_one_of": True}
 
-    def grammar(schema: Any) -> str:
-        return schema_grammar(json.dumps(schema), options, schema)
-
     def reordered_grammar(schema: Any) -> str:  # property_order's copy has them ahead
         return with_options(json.dumps(schema), options)
+
+    @cache
+    def surely_refused() -> bool:
+        """llguidance refuses the schema as written for a keyword it does not implement, as a
+        walk of the parsed schema tells (llguidance_refusal.py), without its compile (under
+        strict=False, it approximates such a keyword and warns)."""
+        if not spec.strict or not may_be_refused(spec.json_schema):
+            return False
+        return refused_as_written(schema(), known_format)
 
     def written_refused() -> bool:
         """llguidance refuses the schema as written, where a keyword it may refuse is in it
@@ -95,7 +106,7 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
         out only after the costlier work on the patterns."""
         if not _MAY_REFUSE.search(spec.json_schema):
             return False
-        return LLMatcher.validate_grammar_with_warnings(written(), None)[0]
+        return surely_refused() or LLMatcher.validate_grammar_with_warnings(written(), None)[0]
 
     @cache
     def schema() -> Any:  # parsed where a candidate needs it, not for the text as written
@@ -107,22 +118,28 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
         as it is where no combinator needs moving."""
         return schema_grammar(spec.json_schema, options)
 
-    rewritten: Any = None
+    rewrite: Rewrite | None = None
     kept: list[str] = []  # why properties keep the schema's order, once "any" was tried
     if spec.property_order == "any":
         if not written_refused() and (reordered := any_order(schema())):
             yield Candidate(reordered_grammar(reordered[0]), [], reordered[1])
             kept = [ORDER_KEPT]
-        rewritten, notes = rewrite_schema(schema(), known_format)
+        rewrite = rewrite_schema(schema(), known_format, spec.json_schema)
         # tried without checking it first: the check would build as much as the compile
-        if rewritten != schema() and (reordered := any_order(rewritten)) is not None:
-            yield Candidate(reordered_grammar(reordered[0]), notes, reordered[1])
+        if rewrite.schema != schema() and (reordered := any_order(rewrite.schema)) is not None:
+            grammar = reordered_grammar(reordered[0])
+            yield Candidate(grammar, rewrite.notes, reordered[1], unique=rewrite.unique)
             kept = [ORDER_KEPT]
-    yield Candidate(written(), kept)
-    if rewritten is None:
-        rewritten, notes = rewrite_schema(schema(), known_format)
-    if rewritten != schema():
-        yield Candidate(grammar(rewritten), [*notes, *kept])
+    # refused surely: tried only where its rewrite is too, which names what blocks it
+    if not surely_refused():
+        yield Candidate(written(), kept, as_written=True)
+    if rewrite is None:
+        rewrite = rewrite_schema(schema(), known_format, spec.json_schema)
+    if rewrite.text is not None and rewrite.schema != schema():
+        grammar = schema_grammar(rewrite.text, options, rewrite.schema)
+        yield Candidate(grammar, [*rewrite.notes, *kept], unique=rewrite.unique)
+    if surely_refused():
+        yield Candidate(written(), kept, as_written=True)
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,6 +151,7 @@ class Resolution:
     notes: tuple[str, ...] = ()
     error: str | None = None
     keys: ObjectKeys | None = None  # key rules beside the grammar (property_order "any")
+    unique: UniqueArrays | None = None  # and uniqueItems (strict only)
 
 
 class Resolutions:

@@ -32,8 +32,9 @@ def max_chars_of(schema: Any) -> int:
 def inline_cyclic_refs(root: Any, max_chars: int) -> Any:
     """`root` with each intersected reference on a cycle replaced by a copy of its target.
     Raises TooLarge, before copying more, once the copies' JSON would pass max_chars
-    characters: copies inside copies multiply (a 58 kB schema of the sample grew for 9 s)."""
-    cyclic = _cyclic_refs(root)
+    characters: copies inside copies multiply (a 58 kB schema of the sample grew for 9 s).
+    `root` itself where none is: the cycles are looked for from the intersected refs only."""
+    cyclic = _cyclic_refs(root, _intersected_refs(root))
     if not cyclic:
         return root
     return _Inliner(root, cyclic, max_chars).walk(root)
@@ -59,9 +60,8 @@ class _Inliner:
         return out
 
     def inline(self, member: Any, nesting: int) -> Any:
-        if not (isinstance(member, dict) and set(member) & ASSERTIONS == {"$ref"}):
+        if (ref := _whole_ref(member)) is None:
             return member
-        ref = member["$ref"]
         target = pointer(self.root, ref)
         if ref not in self.cyclic or not isinstance(target, dict) or _new_base(target):
             return member
@@ -76,6 +76,37 @@ class _Inliner:
         return self.walk(target, nesting + 1)
 
 
+def _whole_ref(member: Any) -> Any:
+    """The `$ref` of a member that asserts nothing else; None for any other member."""
+    if isinstance(member, dict) and set(member) & ASSERTIONS == {"$ref"}:
+        return member["$ref"]
+    return None
+
+
+def _intersected_refs(root: Any) -> set[str]:
+    """The local `$ref` values of the members of intersected combinators (those _Inliner may
+    put a copy in place of), anywhere in `root`."""
+    out: set[str] = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, list):
+            stack += n
+        elif isinstance(n, dict):
+            for key in _COMBINATORS:
+                if isinstance(n.get(key), list) and _intersected(n, key):
+                    refs = map(_whole_ref, n[key])
+                    out.update(r for r in refs if isinstance(r, str) and r.startswith("#"))
+            stack += _containers(n)
+    return out
+
+
+def _containers(node: dict[str, Any]) -> list[Any]:
+    """The values of `node` a walk over subschemas goes into: its objects and lists, but
+    those of DATA_KEYWORDS."""
+    return [v for k, v in node.items() if isinstance(v, (dict, list)) and k not in DATA_KEYWORDS]
+
+
 def _intersected(node: dict[str, Any], key: str) -> bool:
     """llguidance intersects `node[key]`'s members with something: each other (allOf), or
     other assertions beside the combinator."""
@@ -87,17 +118,18 @@ def _new_base(target: dict[str, Any]) -> bool:
     return isinstance(target.get("$id"), str) or isinstance(target.get("id"), str)
 
 
-def _cyclic_refs(root: Any) -> set[str]:
-    """The local `$ref` values whose target can reach itself through more `$ref`s."""
+def _cyclic_refs(root: Any, refs: set[str]) -> set[str]:
+    """Those of the local `$ref` values `refs` whose target can reach itself through more
+    `$ref`s (the targets' refs are read only as far as `refs` reach)."""
     edges: dict[str, set[str]] = {}
-    pending = sorted(_refs_in(root))
+    pending = sorted(refs)
     while pending:
         ref = pending.pop()
         if ref in edges:
             continue
         edges[ref] = _refs_in(pointer(root, ref))
         pending += [r for r in edges[ref] if r not in edges]
-    return {ref for ref in edges if _reaches(edges, ref)}
+    return {ref for ref in refs if _reaches(edges, ref)}
 
 
 def _reaches(edges: dict[str, set[str]], start: str) -> bool:
@@ -125,7 +157,7 @@ def _refs_in(node: Any) -> set[str]:
             ref = n.get("$ref")
             if isinstance(ref, str) and ref.startswith("#"):
                 out.add(ref)
-            stack += [v for k, v in n.items() if k not in DATA_KEYWORDS]
+            stack += _containers(n)
     return out
 
 

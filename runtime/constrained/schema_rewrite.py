@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from .schema_cases import split_cases
 from .schema_finite import FiniteFolder, annotations
@@ -49,7 +49,7 @@ from .schema_redundant import (
     patterned_properties,
     without_required,
 )
-from .schema_refs import TooLarge, inline_cyclic_refs, max_chars_of
+from .schema_refs import MAX_GROWTH, TooLarge, inline_cyclic_refs
 from .unique_items import UniqueArrays, unique_arrays
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
@@ -71,19 +71,34 @@ _FOLDED_BESIDE = frozenset(
 _REWRITTEN = _FOLDED_BESIDE | frozenset("format then else $ref anyOf patternProperties".split())
 
 
-def rewrite_schema(schema: Any, known_format: Any) -> tuple[Any, list[str]]:
-    """(the rewritten schema, notes on what was dropped as an annotation).
+class Rewrite(NamedTuple):
+    """A rewritten schema, notes on what was dropped as an annotation, where its
+    `uniqueItems` is left to the matcher beside the grammar (None: nowhere), and its JSON
+    text (None where the rewrite was not made)."""
 
-    known_format(name) -> bool says which `format` values the backend checks."""
+    schema: Any
+    notes: list[str]
+    unique: UniqueArrays | None = None
+    text: str | None = None
+
+
+def rewrite_schema(schema: Any, known_format: Any, text: str | None = None) -> Rewrite:
+    """`schema` rewritten (the schema itself where nothing is, or a rewrite would pass the
+    size bound). known_format(name) -> bool says which `format` values the backend checks;
+    `text` is the schema's JSON, where the caller has it."""
+    text = json.dumps(schema) if text is None else text
     rw = _Rewriter(schema, known_format)
-    max_chars = max_chars_of(schema)
-    try:
-        out = inline_cyclic_refs(rw.node(schema, "#"), max_chars)
+    max_chars = MAX_GROWTH * len(text) + 4096
+    out = rw.node(schema, "#")
+    try:  # no "$ref" in the text: no reference to inline
+        out = inline_cyclic_refs(out, max_chars) if '"$ref"' in text else out
     except TooLarge:
-        return schema, []
-    if len(json.dumps(out)) > max_chars:
-        return schema, []
-    return out, rw.notes
+        return Rewrite(schema, [])
+    if len(out_text := json.dumps(out)) > max_chars:
+        return Rewrite(schema, [])
+    # walked only where a uniqueItems met needed it: none met, none left out of the grammar
+    unique = rw._unique if rw._unique is not None and rw._unique.paths else None
+    return Rewrite(out, rw.notes, unique, out_text)
 
 
 class _Rewriter(SchemaLogic):

@@ -285,7 +285,7 @@ EXACT.append(
 def test_branches_told_apart_by_a_key_the_holder_requires_are_an_any_of() -> None:
     """Neither branch requires `kind`, but the object holding the `oneOf` does, and each
     branch lists its own values for it: no instance matches both, as written."""
-    rewritten, _ = rewrite_schema(TAGGED, lambda _: True)
+    rewritten = rewrite_schema(TAGGED, lambda _: True).schema
     assert rewritten["anyOf"] == TAGGED["oneOf"] and "oneOf" not in rewritten
     optional = {**TAGGED, "required": []}  # {} would match both: not an anyOf
     assert rewrite_schema(optional, lambda _: True)[0].get("anyOf") != TAGGED["oneOf"]
@@ -317,7 +317,7 @@ VALUES += [{"a": "z"}, {"b": 1}]
 
 @pytest.mark.parametrize("schema", NEGATABLE, ids=lambda x: json.dumps(x)[:40])
 def test_negation_is_the_complement(schema: Any) -> None:
-    negated, _ = rewrite_schema({**schema_defs(schema), "not": schema}, lambda _: True)
+    negated = rewrite_schema({**schema_defs(schema), "not": schema}, lambda _: True).schema
     assert "not" not in negated
     for value in VALUES:
         assert _valid(negated, value) == (not _valid(schema, value)), value
@@ -420,4 +420,4 @@ def test_inlining_recursive_refs_stops_at_its_size_bound() -> None:
         with pytest.raises(schema_refs.TooLarge):
             schema_refs.inline_cyclic_refs(schema, 4 * size)
     assert walked < 40 * size // 100  # the nodes of about 4 schemas' worth of copies
-    assert rewrite_schema(schema, lambda name: True) == (schema, [])
+    assert rewrite_schema(schema, lambda name: True) == (schema, [], None, None)
