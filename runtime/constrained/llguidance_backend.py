@@ -31,6 +31,7 @@ from .llguidance_grammar import (
     refusal,
 )
 from .llguidance_matcher import LLGuidanceMatcher
+from .malloc_arena import share_main_arena
 from .property_order import ObjectKeys
 from .spec import ConstraintSpec
 from .unique_items import UniqueArrays
@@ -234,6 +235,7 @@ class LLGuidanceService:
         self._running: dict[threading.Thread, tuple[LLGuidanceHandle, float]] = {}
         self._jobs: queue.SimpleQueue[LLGuidanceHandle | None] = queue.SimpleQueue()
         self._builders: list[threading.Thread] = []
+        share_main_arena()  # a compile reuses the pages earlier work freed (malloc_arena.py)
         for _ in range(num_workers):
             self._start_builder()
         self._watchdog = threading.Thread(target=self._watch, name="llguidance-watch", daemon=True)
