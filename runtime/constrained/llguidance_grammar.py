@@ -62,7 +62,9 @@ class Candidate(NamedTuple):
 def grammar_texts(spec: Any) -> Iterator[Candidate]:
     """The llguidance grammars (JSON documents) to try for a ConstraintSpec, in order, each
     with notes on how it was made: a schema as written, then (where it differs) rewritten
-    (schema_rewrite.py), so that what llguidance takes as written is never rewritten. Under
+    (schema_rewrite.py), so that what llguidance takes as written is never rewritten; one
+    llguidance surely refuses as written (llguidance_refusal.py) comes after its rewrite, for
+    the refusal to name what blocks it where the rewrite is refused too. Under
     property_order "any", both first with their objects' properties in any order
     (property_order.py), then as in the schema's order. Lazy: the rewrite is made only for a
     caller that goes on past the schema as written. A regex is checked as for outlines
