@@ -3,9 +3,9 @@
 glibc gives each new thread an arena of its own (up to 8 per core). A compile thread's arena
 holds little but the compiled grammars the service caches, and each compile's temporaries then
 land in memory that has never been touched: on the sample's large schemas about 140 page faults
-and 0.4 ms of system time per compile, llguidance's compile 12-15% slower on the compile thread
-than the same compile on the main thread (bench/schema_coverage.py, AMD EPYC; with the cache
-held to one grammar the faults were gone). In the main arena a compile reuses the pages the
+and 0.2-0.5 ms of system time per compile, llguidance's compile 12-15% slower on the compile
+thread than the same compile on the main thread (bench/schema_coverage.py, AMD EPYC; with the
+cache held to one grammar, 15-20 faults). In the main arena a compile reuses the pages the
 process's earlier work freed: the same compile on the compile thread takes what it takes on the
 main thread, and stemma's compile p90 over the sample fell by 0.7 ms.
 
