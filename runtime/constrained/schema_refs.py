@@ -11,6 +11,7 @@ draft-4 `id`) are left as references: their local refs would resolve elsewhere.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from .schema_logic import ASSERTIONS, DATA_KEYWORDS, pointer
@@ -86,17 +87,30 @@ def _whole_ref(member: Any) -> Any:
 def _intersected_refs(root: Any) -> set[str]:
     """The local `$ref` values of the members of intersected combinators (those _Inliner may
     put a copy in place of), anywhere in `root`."""
+    return _local_refs(root, _intersected_members)
+
+
+def _intersected_members(node: dict[str, Any]) -> list[Any]:
+    """The `$ref`s of `node`'s combinator members that assert nothing else, where llguidance
+    intersects them."""
+    return [
+        _whole_ref(member)
+        for key in _COMBINATORS
+        if isinstance(node.get(key), list) and _intersected(node, key)
+        for member in node[key]
+    ]
+
+
+def _local_refs(node: Any, refs_of: Callable[[dict[str, Any]], Any]) -> set[str]:
+    """The local `$ref` values refs_of(subschema) names, over `node`'s subschemas."""
     out: set[str] = set()
-    stack = [root]
+    stack = [node]
     while stack:
         n = stack.pop()
         if isinstance(n, list):
             stack += n
         elif isinstance(n, dict):
-            for key in _COMBINATORS:
-                if isinstance(n.get(key), list) and _intersected(n, key):
-                    refs = map(_whole_ref, n[key])
-                    out.update(r for r in refs if isinstance(r, str) and r.startswith("#"))
+            out.update(r for r in refs_of(n) if isinstance(r, str) and r.startswith("#"))
             stack += _containers(n)
     return out
 
@@ -147,18 +161,7 @@ def _reaches(edges: dict[str, set[str]], start: str) -> bool:
 
 def _refs_in(node: Any) -> set[str]:
     """Every local `$ref` value in `node`'s subschemas."""
-    out: set[str] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, list):
-            stack += n
-        elif isinstance(n, dict):
-            ref = n.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                out.add(ref)
-            stack += _containers(n)
-    return out
+    return _local_refs(node, lambda n: (n.get("$ref"),))
 
 
 _BASE_KEYS = frozenset({"$schema", "$id", "id"})
