@@ -126,7 +126,7 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
         if not written_refused() and (reordered := any_order(schema())):
             yield Candidate(reordered_grammar(reordered[0]), [], reordered[1])
             kept = [ORDER_KEPT]
-        rewrite = rewrite_schema(schema(), known_format, spec.json_schema)
+        rewrite = rewrite_schema(schema(), known_format)
         # tried without checking it first: the check would build as much as the compile
         if rewrite.schema != schema() and (reordered := any_order(rewrite.schema)) is not None:
             grammar = reordered_grammar(reordered[0])
@@ -136,7 +136,7 @@ def grammar_texts(spec: Any) -> Iterator[Candidate]:
     if not surely_refused():
         yield Candidate(written(), kept, as_written=True)
     if rewrite is None:
-        rewrite = rewrite_schema(schema(), known_format, spec.json_schema)
+        rewrite = rewrite_schema(schema(), known_format)
     if rewrite.text is not None and rewrite.schema != schema():
         grammar = schema_grammar(rewrite.text, options, rewrite.schema)
         yield Candidate(grammar, [*rewrite.notes, *kept], unique=rewrite.unique)

@@ -25,9 +25,10 @@ class TooLarge(Exception):
     """The copies would pass the size allowed (inline_cyclic_refs' max_chars)."""
 
 
-def max_chars_of(schema: Any) -> int:
-    """The most characters of JSON a schema may grow to (MAX_GROWTH times, and 4 kB more)."""
-    return MAX_GROWTH * len(json.dumps(schema)) + 4096
+def max_chars_of(schema: Any, text: str | None = None) -> int:
+    """The most characters of JSON a schema may grow to (MAX_GROWTH times, and 4 kB more);
+    `text`: its json.dumps, where the caller has it."""
+    return MAX_GROWTH * len(json.dumps(schema) if text is None else text) + 4096
 
 
 def inline_cyclic_refs(root: Any, max_chars: int) -> Any:

@@ -49,7 +49,7 @@ from .schema_redundant import (
     patterned_properties,
     without_required,
 )
-from .schema_refs import MAX_GROWTH, TooLarge, inline_cyclic_refs
+from .schema_refs import TooLarge, inline_cyclic_refs, max_chars_of
 from .unique_items import UniqueArrays, unique_arrays
 
 # Keywords whose value is a subschema, a list of them, or a map of them.
@@ -82,13 +82,14 @@ class Rewrite(NamedTuple):
     text: str | None = None
 
 
-def rewrite_schema(schema: Any, known_format: Any, text: str | None = None) -> Rewrite:
+def rewrite_schema(schema: Any, known_format: Any) -> Rewrite:
     """`schema` rewritten (the schema itself where nothing is, or a rewrite would pass the
-    size bound). known_format(name) -> bool says which `format` values the backend checks;
-    `text` is the schema's JSON, where the caller has it."""
-    text = json.dumps(schema) if text is None else text
+    size bound). known_format(name) -> bool says which `format` values the backend checks.
+    The bound is taken on the schema's JSON as json.dumps writes it, whatever text it came
+    in, so a dict and its JSON text in any layout are rewritten alike."""
+    text = json.dumps(schema)
     rw = _Rewriter(schema, known_format)
-    max_chars = MAX_GROWTH * len(text) + 4096
+    max_chars = max_chars_of(schema, text)
     out = rw.node(schema, "#")
     try:  # no "$ref" in the text: no reference to inline
         out = inline_cyclic_refs(out, max_chars) if '"$ref"' in text else out
