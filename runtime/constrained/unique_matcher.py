@@ -41,28 +41,45 @@ def _allowed_ids(matcher: Any, vocab_size: int, at_most: int) -> np.ndarray | No
 
 
 class TokenBytes:
-    """Each token's bytes, and which tokens can end a value (a candidate for a repeat)."""
+    """Each token's bytes, and which tokens can end a value (a candidate for a repeat).
+    Counted over all the vocabulary's bytes at once (numpy), not token by token: a pass over
+    49k tokens is paid by a service's first compile that needs it."""
 
     def __init__(self, token_bytes: list[bytes]) -> None:
         self.bytes = token_bytes
-        quotes = np.array([b.count(b'"') for b in token_bytes])
-        ends = np.array([any(c in b for c in b",]} \t\n\rel") for b in token_bytes])
+        n = len(token_bytes)
+        flat = np.frombuffer(b"".join(token_bytes), dtype=np.uint8)
+        lengths = np.fromiter(map(len, token_bytes), dtype=np.int64, count=n)
+        owner = np.repeat(np.arange(n), lengths)  # the token each byte belongs to
+
+        def counts(chars: bytes) -> np.ndarray:
+            return np.bincount(owner[np.isin(flat, list(chars))], minlength=n)
+
+        quotes = counts(b'"')
         self.has_quote = quotes > 0
-        self.has_backslash = np.array([b"\\" in b for b in token_bytes], dtype=bool)
-        self.may_end = (quotes > 1) | ends
+        self.has_backslash = counts(b"\\") > 0
+        self.may_end = (quotes > 1) | (counts(b",]} \t\n\rel") > 0)
         # a quote, a comma or a closing bracket: what ends a key or an object
-        self.structural = np.array([any(c in b for c in b'",]}') for b in token_bytes])
+        self.structural = counts(b'",]}') > 0
         # a quote with a comma or a closing bracket after it: what ends a string, then more
-        self.quote_then_more = np.array([_quote_then_more(b) for b in token_bytes], dtype=bool)
+        first_quote = np.full(n, len(flat), dtype=np.int64)
+        at_quote = np.flatnonzero(flat == ord('"'))
+        np.minimum.at(first_quote, owner[at_quote], at_quote)
+        at_end = np.flatnonzero(np.isin(flat, list(b",]}")))
+        self.quote_then_more = np.zeros(n, dtype=bool)
+        self.quote_then_more[owner[at_end[at_end > first_quote[owner[at_end]]]]] = True
         # the tokens that open a container: outside every watched one, only they may break
         # a rule, by closing it in the same token (`{}`) or writing a key in it
-        self.opens = np.flatnonzero([b"{" in b or b"[" in b for b in token_bytes])
+        self.opens = np.flatnonzero(counts(b"{[") > 0)
         self.opens_word, self.opens_bit = self.opens >> 5, (self.opens & 31).astype(np.uint32)
         self.id_of = {b: i for i, b in enumerate(token_bytes) if b}
         self.by_quoted: dict[bytes, list[int]] = {}  # by their bytes up to their first quote
-        for i, b in enumerate(token_bytes):
-            if (quote := b.find(b'"')) >= 0:
-                self.by_quoted.setdefault(b[: quote + 1], []).append(i)
+        starts = np.cumsum(lengths) - lengths
+        for i, quote in zip(
+            np.flatnonzero(self.has_quote).tolist(),
+            (first_quote - starts)[self.has_quote].tolist(),
+        ):
+            self.by_quoted.setdefault(token_bytes[i][: quote + 1], []).append(i)
 
     def prefixes(self, rests: list[bytes]) -> list[int]:
         """The tokens whose bytes begin one of `rests`."""
@@ -249,9 +266,3 @@ def _clear(target: np.ndarray, refused: np.ndarray) -> None:
     padded = np.zeros(len(target) * 32, dtype=bool)
     padded[: len(refused)] = refused
     target &= ~np.packbits(padded, bitorder="little").view(np.uint32)
-
-
-def _quote_then_more(token: bytes) -> bool:
-    """A quote with a comma or a closing bracket anywhere after it."""
-    quote = token.find(b'"')
-    return quote >= 0 and any(c in token[quote + 1 :] for c in b",]}")

@@ -19,6 +19,7 @@ from stemma.runtime.constrained.instance_paths import canonical
 from stemma.runtime.constrained.json_scanner import JsonScanner
 from stemma.runtime.constrained.unique_items import unique_arrays
 from stemma.runtime.constrained.unique_matcher import SNAPSHOT_EVERY
+from stemma.runtime.constraint import _service
 
 INT, STR = {"type": "integer"}, {"type": "string"}
 TAGS = {"type": "array", "items": STR, "uniqueItems": True}
@@ -227,3 +228,44 @@ def test_jump_forward_stops_before_a_forced_repeat() -> None:
     text = '["x"' + tok.decode(forced)
     assert text.count('"x"') == 1 and '["x",'.startswith(text[: len('["x",')])
     assert m.inner.num_accepted == len(tok.encode('["x"')) + len(forced)
+
+
+def _token_bytes_one_by_one(tokens: list[bytes]) -> dict[str, Any]:
+    """What TokenBytes says of each token, worked out token by token."""
+
+    def quote_then_more(b: bytes) -> bool:
+        q = b.find(b'"')
+        return q >= 0 and any(c in b[q + 1 :] for c in b",]}")
+
+    by_quoted: dict[bytes, list[int]] = {}
+    for i, b in enumerate(tokens):
+        if b'"' in b:
+            by_quoted.setdefault(b[: b.index(b'"') + 1], []).append(i)
+    return {
+        "has_quote": [b'"' in b for b in tokens],
+        "has_backslash": [b"\\" in b for b in tokens],
+        "may_end": [b.count(b'"') > 1 or any(c in b for c in b",]} \t\n\rel") for b in tokens],
+        "structural": [any(c in b for c in b'",]}') for b in tokens],
+        "quote_then_more": [quote_then_more(b) for b in tokens],
+        "opens": [i for i, b in enumerate(tokens) if b"{" in b or b"[" in b],
+        "by_quoted": by_quoted,
+        "id_of": {b: i for i, b in enumerate(tokens) if b},
+    }
+
+
+def test_token_bytes_counted_at_once_say_what_each_token_says() -> None:
+    """TokenBytes reads the whole vocabulary's bytes at once; every fact equals the one worked
+    out token by token, on SmolLM2's vocabulary and on tokens made for the corners (empty,
+    a quote last, brackets before the first quote, two quotes, a backslash)."""
+    made = [b"", b'"', b'a"', b'],"', b'"x",', b'""', b"\\", b'{"a":', b"el", b'x"]']
+    tokenizer, service = _service("smollm2-135m", "llguidance", 20.0)
+    vocabulary = service.token_bytes().bytes
+    assert len(vocabulary) == tokenizer.vocab_size
+    for tokens in (made, vocabulary):
+        counted = unique_matcher.TokenBytes(tokens)
+        expected = _token_bytes_one_by_one(tokens)
+        for name in ("has_quote", "has_backslash", "may_end", "structural", "quote_then_more"):
+            assert getattr(counted, name).tolist() == expected[name], name
+        assert counted.opens.tolist() == expected["opens"]
+        assert counted.by_quoted == expected["by_quoted"]
+        assert counted.id_of == expected["id_of"]
