@@ -19,11 +19,16 @@ that lengthens it by more (`},` starting another item with its required keys, `{
 an object of a recursion) is refused within GUARD tokens of the last completion found, where
 no completion fits after it (`refuses`: asked of the token sampled, which the sampler then
 draws again without it).
+
+The first search, at the first token, starts where every fresh matcher of the constraint
+starts: `StartPaths` remembers its outcome by constraint and budget, so the requests of a
+batch that share a schema and max_new_tokens search once between them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,8 +46,35 @@ GUARD = 128  # within this many tokens of the last completion found, a token tha
 MAX_REFUSED = 32  # tokens refused so at one step, after which the sample stands
 
 
+class StartPaths:
+    """The first searches' outcomes (a completion, or None for none found), by constraint
+    and budget, the most recent `size`. A search from a fresh matcher's state, with no text
+    before it, finds what any other such search of that constraint and limit finds."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._paths: OrderedDict[Hashable, tuple[int, ...] | None] = OrderedDict()
+
+    def get(self, key: Hashable) -> tuple[bool, list[int] | None]:
+        """(whether it is known, the completion)."""
+        if key not in self._paths:
+            return False, None
+        self._paths.move_to_end(key)
+        path = self._paths[key]
+        return True, None if path is None else list(path)
+
+    def put(self, key: Hashable, path: list[int] | None) -> None:
+        self._paths[key] = None if path is None else tuple(path)
+        self._paths.move_to_end(key)
+        while len(self._paths) > self.size:
+            self._paths.popitem(last=False)
+
+
 class ClosingMatcher:
-    """A request's matcher with early closing over a budget of `max_new_tokens` outputs."""
+    """A request's matcher with early closing over a budget of `max_new_tokens` outputs.
+    start: where the first search's outcome is remembered, and the constraint's key there
+    (equal keys: the same constraint, compiled by the same backend, and the same
+    `examples`); None searches from the start every time."""
 
     def __init__(
         self,
@@ -51,9 +83,11 @@ class ClosingMatcher:
         tokens: ClosingTokens,
         tokenizer: Tokenizer,
         examples: Sequence[str] = (),
+        start: tuple[StartPaths, Hashable] | None = None,
     ) -> None:
         self.inner, self.tokens, self.tokenizer = inner, tokens, tokenizer
         self.examples = examples  # string contents the search tries whole (closing_path)
+        self.start = start
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
         self.max_new_tokens = max_new_tokens
         self.num_accepted = 0  # output tokens the constraint has taken (EOS not counted)
@@ -93,6 +127,24 @@ class ClosingMatcher:
             moved = depth > self.deepest
         if self.num_accepted < self.next_search and not moved:
             return
+        path = self._search(remaining)
+        self.searched_depth, self.missed = depth, path is None
+        self.deepest = max(self.deepest, depth)
+        if path is None:  # tried again later and later: a miss costs its whole search budget
+            self.found_length = None
+            self.next_search = self.num_accepted + (RETRY_AFTER << min(self.misses, 4))
+            self.misses += 1
+            return
+        self._found(path)
+
+    def _search(self, remaining: int) -> list[int] | None:
+        """closing_path from where the output stands; from the start, remembered."""
+        key = None
+        if self.start is not None and self.num_accepted == 0:
+            paths, key = self.start[0], (self.start[1], remaining)
+            known, path = paths.get(key)
+            if known:
+                return path
         path = closing_path(
             self.inner,
             remaining,
@@ -102,14 +154,9 @@ class ClosingMatcher:
             self.examples,
             self._text_before(),
         )
-        self.searched_depth, self.missed = depth, path is None
-        self.deepest = max(self.deepest, depth)
-        if path is None:  # tried again later and later: a miss costs its whole search budget
-            self.found_length = None
-            self.next_search = self.num_accepted + (RETRY_AFTER << min(self.misses, 4))
-            self.misses += 1
-            return
-        self._found(path)
+        if key is not None:
+            paths.put(key, path)
+        return path
 
     def _found(self, path: list[int]) -> None:
         """A completion from where the output stands: taken once it only just fits, else the

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..constrained.closing import MAX_REFUSED, ClosingMatcher
+from ..constrained.closing import MAX_REFUSED, ClosingMatcher, StartPaths
 from ..constrained.closing_search import ClosingTokens
 from ..constrained.matcher import fill_bitmask
 from ..sampling.sampler import AllMaskedError, SampleOutput, Sampler, picks_plain_max
@@ -49,6 +49,7 @@ class OutputProcessor:
         self.drafts: list[DraftSource] = [ConstraintDraft(tokenizer)] if jump_forward else []
         self.budget = speculative  # prices the speculative drafts (speculative.py)
         self._closing_tokens: ClosingTokens | None = None  # built on first use
+        self._start_paths = StartPaths()  # early closing's first searches, by constraint
 
     def matcher_for(self, req: Req, matcher: Any) -> Any:
         """The request's constraint matcher, with early closing where its params ask for it."""
@@ -57,8 +58,12 @@ class OutputProcessor:
         if self._closing_tokens is None:
             self._closing_tokens = ClosingTokens.from_tokenizer(self.tokenizer)
         budget = req.params.max_new_tokens
+        start = None
+        if (handle := req.grammar_handle) is not None:  # a fresh matcher of its constraint
+            key = (type(handle).__name__, handle.spec, req.closing_examples)
+            start = (self._start_paths, key)
         return ClosingMatcher(
-            matcher, budget, self._closing_tokens, self.tokenizer, req.closing_examples
+            matcher, budget, self._closing_tokens, self.tokenizer, req.closing_examples, start
         )
 
     # ---- after the forward ----------------------------------------------------------------
@@ -105,14 +110,14 @@ class OutputProcessor:
 
     @staticmethod
     def widen(reqs: list[Req], plans: list[RowPlan], logits: torch.Tensor) -> torch.Tensor:
-        """float32 logits, unless every row is a plain greedy choice (no logprobs, masks,
-        penalties or bias): an argmax over bfloat16 logits is exact, and skipping the copy
-        saves a [rows, vocab] float32 pass per decode step."""
+        """float32 logits, unless every row is a plain greedy choice (no logprobs, penalties
+        or bias; a constraint's mask may apply): an argmax over bfloat16 logits is exact, -inf
+        where a mask refuses included, and skipping the copy saves a [rows, vocab] float32
+        pass per decode step."""
         if logits.dtype in (torch.float32, torch.float64):
             return logits
         plain = all(
-            not r.logprob.return_logprob and r.grammar is None and not p.input_positions
-            for r, p in zip(reqs, plans)
+            not r.logprob.return_logprob and not p.input_positions for r, p in zip(reqs, plans)
         )
         if plain and picks_plain_max([r.sampling for r in reqs]):
             return logits

@@ -471,3 +471,79 @@ def test_a_completion_longer_than_pythons_recursion_limit_is_found(closing_token
     longer = {**schema, "properties": {"v": {**schema["properties"]["v"], "minItems": 600}}}
     c = stemma.Constraint(json_schema=longer, backend="llguidance")
     assert closing_path(c.matcher().inner, 1024, closing_tokens, c.tokenizer) is None
+
+
+def _counting_searches(monkeypatch) -> list[int]:
+    """The limits of closing.py's searches, in order, as they run."""
+    import stemma.runtime.constrained.closing as closing
+
+    limits: list[int] = []
+    real = closing.closing_path
+
+    def counted(m, limit, *args):
+        limits.append(limit)
+        return real(m, limit, *args)
+
+    monkeypatch.setattr(closing, "closing_path", counted)
+    return limits
+
+
+def test_a_first_search_is_remembered_by_constraint_and_budget(monkeypatch, closing_tokens):
+    """Every fresh matcher of a constraint starts in one state: the first search's outcome,
+    found once, serves the next request with that constraint and budget, mask for mask the
+    same as a search of its own; another budget or constraint searches again."""
+    from stemma.runtime.constrained.closing import StartPaths
+
+    limits = _counting_searches(monkeypatch)
+    c = stemma.Constraint(json_schema=SCHEMA, backend="llguidance")
+    vocab, paths = c.tokenizer.vocab_size, StartPaths()
+
+    def closing(budget: int, key=("shop",), start=True) -> ClosingMatcher:
+        remembered = (paths, key) if start else None
+        inner = c.matcher().inner
+        return ClosingMatcher(inner, budget, closing_tokens, c.tokenizer, (), remembered)
+
+    def masks(m: ClosingMatcher) -> list[bytes]:
+        """Each step's mask along the output early closing forces."""
+        out = []
+        while not m.is_finished():
+            row = _allowed(m, vocab)
+            out.append(row.tobytes())
+            bits = np.unpackbits(row.view(np.uint8), bitorder="little")
+            m.accept_token(int(np.flatnonzero(bits)[0]))
+        return out
+
+    own = masks(closing(12, start=False))
+    assert len(limits) == 1 and len(own) <= 12  # the budget only just fits: forced at once
+    assert masks(closing(12)) == own and len(limits) == 2
+    assert masks(closing(12)) == own and len(limits) == 2  # remembered: no search
+    assert masks(closing(13)) and len(limits) == 3  # another budget
+    assert masks(closing(12, key=("other",))) == own and len(limits) == 4  # another key
+    missed = closing(3)  # no completion fits: None is remembered too
+    _allowed(missed, vocab)
+    _allowed(closing(3), vocab)
+    assert limits[4:] == [3]
+
+
+def test_a_batch_sharing_a_schema_searches_from_the_start_once(engine, monkeypatch) -> None:
+    """Eight requests with one schema and budget: one search from the start between them,
+    and the same outputs as when each searched for itself."""
+    from stemma.runtime.constrained.closing import StartPaths
+
+    prompts = [
+        engine.apply_chat_template([{"role": "user", "content": f"Shopping list {i} as JSON."}])
+        for i in range(8)
+    ]
+    params = {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 40, "temperature": 0}
+    params["logit_bias"] = _no_closing_brackets(engine)
+    limits = _counting_searches(monkeypatch)
+    shared = engine.generate(prompts, params)
+    from_start = limits.count(40)
+    monkeypatch.setattr(StartPaths, "get", lambda self, key: (False, None))
+    limits.clear()
+    alone = engine.generate(prompts, params)
+    assert from_start == 1 and limits.count(40) == 8
+    assert [o["output_ids"] for o in shared] == [o["output_ids"] for o in alone]
+    assert all(o["meta_info"]["closed_early"] for o in shared)
+    for out in shared:
+        jsonschema.validate(json.loads(out["text"]), SCHEMA)

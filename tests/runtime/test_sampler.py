@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -219,6 +220,82 @@ def test_sampled_and_greedy_rows_respect_the_bitmask() -> None:
     ]
     out = sampler(vocab_size).sample(logits, states, pack(allowed))
     assert bool(allowed[torch.arange(num_rows), torch.tensor(out.next_ids)].all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("vocab_size", [70, 4096])  # row_max's plain and blockwise paths
+def test_a_greedy_row_whose_max_the_mask_allows_is_not_masked(dtype, vocab_size, monkeypatch):
+    """A greedy row with nothing but a mask takes its raw logits' first max where the mask
+    allows it, without the mask written over its logits; every row still chooses what the
+    whole mask gives: the first max of its masked logits (ties everywhere here), a row the
+    mask empties and a NaN row fail, sampled and penalized rows are masked as before."""
+    import stemma.runtime.sampling.sampler as sampler_module
+
+    num_rows = 64
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randint(-4, 5, (num_rows, vocab_size), generator=g).to(dtype)
+    allowed = torch.rand(num_rows, vocab_size, generator=g) < 0.5
+    first = logits.float().argmax(-1)  # the first max
+    allowed[torch.arange(0, 40, 2), first[0:40:2]] = True  # taken unmasked
+    allowed[torch.arange(1, 40, 2), first[1:40:2]] = False  # a later tie or a lower logit
+    allowed[5] = False  # nothing allowed
+    logits[6] = float("nan")
+    states = [state(vocab_size=vocab_size, temperature=0.0) for _ in range(num_rows)]
+    states[8] = state(vocab_size=vocab_size, temperature=1.0, seed=3)
+    states[10] = state([1, 2], vocab_size=vocab_size, temperature=0.0, repetition_penalty=1.3)
+    states[12] = state(vocab_size=vocab_size, temperature=0.0, logit_bias={3: 2.0})
+    bitmask = pack(allowed)
+    masked: list[int] = []
+    real = sampler_module._apply_bitmask
+
+    def spy(x: torch.Tensor, bits: torch.Tensor) -> None:
+        masked.append(x.shape[0])
+        real(x, bits)
+
+    monkeypatch.setattr(sampler_module, "_apply_bitmask", spy)
+    with pytest.raises(AllMaskedError) as caught:
+        sampler(vocab_size).sample(logits, states, bitmask, want_logprobs=False)
+    out = caught.value.output
+    assert caught.value.row_idxs == [5, 6]
+    monkeypatch.setattr(sampler_module, "_apply_bitmask", real)
+    whole = sampler(vocab_size).process_logits(logits, states, bitmask)
+    for i in range(num_rows):
+        if i == 8:
+            assert allowed[i, out.next_ids[i]]
+        elif i not in (5, 6):
+            assert out.next_ids[i] == int(whole[i].float().argmax()), i
+    taken = [
+        i
+        for i in range(num_rows)
+        if i not in (6, 8, 10, 12) and allowed[i, first[i]] and logits[i, first[i]] > -math.inf
+    ]
+    assert masked == [num_rows - len(taken)] and 20 <= len(taken) < num_rows
+
+
+def test_constrained_greedy_rows_keep_the_models_bfloat16_logits() -> None:
+    """A mask leaves a greedy row's choice an argmax (of the masked logits), exact in
+    bfloat16: the output processor copies the logits to float32 only for rows that need more
+    (logprobs, sampling, bias or penalties)."""
+    from types import SimpleNamespace
+
+    from stemma.runtime.scheduler.output_processor import OutputProcessor
+
+    logits = random_logits(3).to(torch.bfloat16)
+    plans = [SimpleNamespace(input_positions=[])] * 3
+
+    def req(grammar: object, logprobs: bool = False, **params: Any) -> SimpleNamespace:
+        logprob = SimpleNamespace(return_logprob=logprobs)
+        return SimpleNamespace(grammar=grammar, logprob=logprob, sampling=state(**params))
+
+    greedy = [req(object(), temperature=0.0), req(None, temperature=0.0)]
+    assert OutputProcessor.widen([*greedy, greedy[0]], plans, logits) is logits
+    for other in (
+        req(object(), logprobs=True, temperature=0.0),
+        req(object(), temperature=0.7),
+        req(object(), temperature=0.0, logit_bias={1: 1.0}),
+    ):
+        widened = OutputProcessor.widen([*greedy, other], plans, logits)
+        assert widened.dtype == torch.float32 and torch.equal(widened, logits.float())
 
 
 def test_min_new_tokens_blocks_eos_and_stop_ids_until_reached() -> None:
