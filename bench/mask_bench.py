@@ -13,7 +13,12 @@ masks: for each grammar backend, real-world schemas (the JSONSchemaBench sample,
 step: the same 32 prompts decoded for 64 tokens, constrained (a JSON array of tool calls that
   cannot close within 64 tokens, so every run does the same steps; with early closing, whose
   searches find nothing here, its worst case, and without) and unconstrained with ignore_eos;
-  jump-forward off; interleaved rounds, the ratios of run times (median over rounds).
+  jump-forward off; interleaved rounds, the ratios of run times (median over rounds). Each
+  run's time in the model's forward is measured apart: the forwards' ratio (the same shapes
+  and work on both sides: near 1 unless the constraint slows the model) and the constraint's
+  own share of the step, the time outside the forwards beyond the plain run's over the plain
+  run's time (median over rounds). On a shared machine whose speed swings by more than the
+  target from run to run, the share is the steadier measure.
 Results: a table and JSON lines in bench/results/mask_bench.jsonl.
 """
 
@@ -140,14 +145,19 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
         constrained = {"max_new_tokens": 64, "temperature": 0, "json_schema": LONG_SCHEMA}
         unclosed = {**constrained, "close_early": False}
         counts: dict[str, list[int]] = {"plain": [], "constrained": [], "unclosed": []}
+        forward_s: dict[str, list[float]] = {"plain": [], "constrained": [], "unclosed": []}
+        in_forward = _time_forwards(engine)
 
         def run(name: str, params: dict[str, Any]) -> None:
             engine.flush_cache()
+            in_forward[0] = 0.0
             outs = engine.generate(texts, params)
+            forward_s[name].append(in_forward[0])
             counts[name].append(sum(o["meta_info"]["completion_tokens"] for o in outs))
 
         run("constrained", constrained)  # compiles the schema once, before the clock
         counts["constrained"].clear()
+        forward_s["constrained"].clear()
         fns = {
             "plain": lambda: run("plain", plain),
             "constrained": lambda: run("constrained", constrained),
@@ -169,9 +179,39 @@ def bench_step(args: argparse.Namespace) -> list[dict[str, Any]]:
                 paired_speedup(times["constrained"], times["plain"]), 4
             ),
             "unclosed_over_plain": round(paired_speedup(times["unclosed"], times["plain"]), 4),
+            # the model's forwards alone, constrained / plain (the same work on both sides)
+            "forward_ratio": round(paired_speedup(forward_s["constrained"], forward_s["plain"]), 4),
+            "unclosed_forward_ratio": round(
+                paired_speedup(forward_s["unclosed"], forward_s["plain"]), 4
+            ),
+            # the time outside the forwards beyond the plain run's, over the plain run's time
+            "constraint_share": _share(times, forward_s, "constrained"),
+            "unclosed_share": _share(times, forward_s, "unclosed"),
         }
     )
     return results
+
+
+def _time_forwards(engine: Any) -> list[float]:
+    """Seconds in the model's forward since last reset ([0]), summed by the engine's thread."""
+    total = [0.0]
+    forward = engine.core.runner.forward
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            total[0] += time.perf_counter() - start
+
+    engine.core.runner.forward = timed  # the instance's: the engine core calls it per step
+    return total
+
+
+def _share(times: dict[str, list[float]], forward_s: dict[str, list[float]], name: str) -> float:
+    """Median over rounds of (outside the forwards, `name` - plain) / plain run's time."""
+    rounds = zip(times[name], forward_s[name], times["plain"], forward_s["plain"], strict=True)
+    return round(statistics.median(((t - f) - (tp - fp)) / tp for t, f, tp, fp in rounds), 4)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     step = [] if args.masks_only else bench_step(args)
     columns = ["backend", "batch", "tokens_per_run", "plain_s", "constrained_s", "unclosed_s"]
     if step:
-        print_table(step, [*columns, "constrained_over_plain", "unclosed_over_plain"])
+        ratios = ["constrained_over_plain", "unclosed_over_plain", "forward_ratio"]
+        print_table(step, [*columns, *ratios, "constraint_share", "unclosed_share"])
     if not args.no_record:
         append_results("mask_bench", masks + step, data=args.data.name)
 
