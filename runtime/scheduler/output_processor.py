@@ -60,7 +60,8 @@ class OutputProcessor:
         budget = req.params.max_new_tokens
         start = None
         if (handle := req.grammar_handle) is not None:  # a fresh matcher of its constraint
-            key = (type(handle).__name__, handle.spec, req.closing_examples)
+            # the spec's digest, not the spec: a remembered search keeps no schema alive
+            key = (type(handle).__name__, handle.spec.key, req.closing_examples)
             start = (self._start_paths, key)
         return ClosingMatcher(
             matcher, budget, self._closing_tokens, self.tokenizer, req.closing_examples, start
