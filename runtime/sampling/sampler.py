@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .params import SamplingParams
+from .token_mask import allows, apply_bitmask
 
 
 @dataclass(slots=True)
@@ -163,8 +163,7 @@ class Sampler:
             return (*row_max(x), x, every)
         self._check_inputs(logits, states, bitmask)
         best, ids = row_max(logits)
-        word = bitmask.gather(1, (ids >> 5)[:, None])[:, 0]
-        taken = ((word >> (ids & 31)) & 1).bool() & (best > float("-inf"))  # NaN: not taken
+        taken = allows(bitmask, ids) & (best > float("-inf"))  # NaN: not taken
         taken &= torch.tensor([_masked_only(s) for s in states], device=taken.device)
         rest = [i for i, done in zip(every, taken.tolist()) if not done]
         if not rest:
@@ -182,7 +181,7 @@ class Sampler:
     ) -> torch.Tensor:
         _apply_logit_bias(x, states)
         if bitmask is not None:
-            _apply_bitmask(x, bitmask)
+            apply_bitmask(x, bitmask)
         self._apply_min_new_tokens(x, states)
         _apply_repetition_penalty(x, states)
         _apply_frequency_presence_penalties(x, states)
@@ -303,39 +302,6 @@ def _apply_logit_bias(x: torch.Tensor, states: list[SamplingState]) -> None:
     if rows:
         values = torch.tensor(biases, dtype=x.dtype, device=x.device)
         x.index_put_((_long(rows, x), _long(cols, x)), values, accumulate=True)
-
-
-def _apply_bitmask(x: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set disallowed tokens to -inf; an all -1 row allows everything, so stays untouched."""
-    bitmask = bitmask.to(x.device, non_blocking=True)
-    if x.is_cuda and x.dtype != torch.float64:  # the Triton kernel; float64 takes the torch path
-        from ...kernels.token_bitmask import apply_token_bitmask
-
-        apply_token_bitmask(x, bitmask.contiguous())
-        return
-    num_rows, vocab_size = x.shape
-    if x.device.type == "cpu":  # numpy's unpackbits: one pass, no [B, num_words, 32] temporary
-        words = np.ascontiguousarray(bitmask.numpy(), dtype="<i4")  # bit t of word w: id 32w + t
-        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
-        _fill_disallowed(x, torch.from_numpy(bits))
-        return
-    bits = torch.arange(32, dtype=torch.int32, device=x.device)
-    is_allowed = ((bitmask[:, :, None] >> bits) & 1).bool()  # [B, num_words, 32]
-    x.masked_fill_(~is_allowed.reshape(num_rows, -1)[:, :vocab_size], float("-inf"))
-
-
-_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _fill_disallowed(x: torch.Tensor, bits: torch.Tensor) -> None:
-    """x = -inf where `bits` (uint8, 0 or 1, x's shape) is 0, on x's bit patterns: keep = -bit
-    (all ones or none), x = (x & keep) | (-inf & ~keep). Branch-free, so a mask's pattern does
-    not set its cost (masked_fill_ took 1.1 to 3.3 ms over [32, 49152] float32 logits on a
-    2-core AMD EPYC, by how the bits alternate; this 0.8 ms whatever they are)."""
-    as_int = _SAME_WIDTH_INT[x.element_size()]
-    keep = bits.to(as_int).neg_()
-    neg_inf = torch.tensor(float("-inf"), dtype=x.dtype).view(as_int).item()
-    x.view(as_int).bitwise_and_(keep).bitwise_or_(keep.bitwise_not_().bitwise_and_(neg_inf))
 
 
 def _apply_repetition_penalty(x: torch.Tensor, states: list[SamplingState]) -> None:

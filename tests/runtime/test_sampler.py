@@ -246,18 +246,18 @@ def test_a_greedy_row_whose_max_the_mask_allows_is_not_masked(dtype, vocab_size,
     states[12] = state(vocab_size=vocab_size, temperature=0.0, logit_bias={3: 2.0})
     bitmask = pack(allowed)
     masked: list[int] = []
-    real = sampler_module._apply_bitmask
+    real = sampler_module.apply_bitmask
 
     def spy(x: torch.Tensor, bits: torch.Tensor) -> None:
         masked.append(x.shape[0])
         real(x, bits)
 
-    monkeypatch.setattr(sampler_module, "_apply_bitmask", spy)
+    monkeypatch.setattr(sampler_module, "apply_bitmask", spy)
     with pytest.raises(AllMaskedError) as caught:
         sampler(vocab_size).sample(logits, states, bitmask, want_logprobs=False)
     out = caught.value.output
     assert caught.value.row_idxs == [5, 6]
-    monkeypatch.setattr(sampler_module, "_apply_bitmask", real)
+    monkeypatch.setattr(sampler_module, "apply_bitmask", real)
     whole = sampler(vocab_size).process_logits(logits, states, bitmask)
     for i in range(num_rows):
         if i == 8:
